@@ -1,0 +1,1 @@
+"""fedcg-tff: FedCG (IJCAI 2022) in TensorFlow Federated."""

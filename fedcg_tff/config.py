@@ -1,0 +1,69 @@
+"""FedCG's hyper-parameters, with the published code's defaults.
+
+One frozen object is handed to every builder, so the TensorFlow layer, the TFF
+layer and the binaries cannot disagree about a value. Field names are the
+binaries' flag names, so a validation error names the flag to fix.
+"""
+
+import dataclasses
+
+DISTANCES = ('mse', 'cos', 'none')
+
+
+@dataclasses.dataclass(frozen=True)
+class FedCGConfig:
+  """Hyper-parameters of FedCG (FEDCG_SPEC.md, 'Defaults of the published code')."""
+
+  num_classes: int = 10
+  image_channels: int = 1
+  noise_dim: int = 100
+  batch_size: int = 8
+  lr: float = 3e-4
+  weight_decay: float = 1e-4
+  # Adam betas: the classification network uses PyTorch's defaults, the GAN
+  # pair DCGAN's (0.5, 0.999); the server's distillation uses the defaults.
+  beta1: float = 0.9
+  beta2: float = 0.999
+  gan_beta1: float = 0.5
+  gan_beta2: float = 0.999
+  adam_epsilon: float = 1e-8  # PyTorch's default.
+  local_epochs: int = 20
+  gan_epochs: int = 20
+  server_epochs: int = 20
+  server_steps_per_epoch: int = 100
+  distance: str = 'mse'
+  # The gamma ramp reaches ~1 after this many rounds: p = min(round / n, 1).
+  gamma_ramp_rounds: int = 50
+  seed: int = 1
+
+  @property
+  def distill_steps(self) -> int:
+    return self.server_epochs * self.server_steps_per_epoch
+
+  @property
+  def distill_samples(self) -> int:
+    return self.distill_steps * self.batch_size
+
+  def validate(self) -> 'FedCGConfig':
+    """Raises ValueError naming the first invalid field; returns self."""
+    positive_ints = ('num_classes', 'image_channels', 'noise_dim', 'batch_size',
+                     'server_steps_per_epoch', 'gamma_ramp_rounds')
+    for name in positive_ints:
+      if getattr(self, name) < 1:
+        raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}')
+    for name in ('local_epochs', 'gan_epochs', 'server_epochs'):
+      if getattr(self, name) < 0:
+        raise ValueError(f'{name} must be >= 0, got {getattr(self, name)}')
+    if not self.lr > 0:
+      raise ValueError(f'lr must be > 0, got {self.lr}')
+    if self.weight_decay < 0:
+      raise ValueError(f'weight_decay must be >= 0, got {self.weight_decay}')
+    for name in ('beta1', 'beta2', 'gan_beta1', 'gan_beta2'):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f'{name} must be in [0, 1), got {getattr(self, name)}')
+    if not self.adam_epsilon > 0:
+      raise ValueError(f'adam_epsilon must be > 0, got {self.adam_epsilon}')
+    if self.distance not in DISTANCES:
+      raise ValueError(
+          f'distance must be one of {DISTANCES}, got {self.distance!r}')
+    return self

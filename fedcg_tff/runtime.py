@@ -1,0 +1,92 @@
+"""TFF's local C++ runtime, started and — unlike TFF's own — always stopped.
+
+Each TFF execution context runs computations in a C++ `worker_binary`
+subprocess that inherits our stdout and stderr. TFF stops it only from a
+`__del__` that fails at interpreter exit, so the worker outlives us and holds
+the parent's output pipe open (`python run.py | tail` then never returns, and
+CI hangs to its time limit). Importing this module arranges that every
+`worker_binary` child of this process is stopped at exit, on SIGTERM/SIGHUP,
+and after Ctrl-C (KeyboardInterrupt unwinds into the same atexit hook).
+"""
+
+import atexit
+import os
+import signal
+import sys
+import threading
+
+import psutil
+
+WORKER_NAME = 'worker_binary'
+
+
+def _is_worker(process: psutil.Process) -> bool:
+  try:
+    return process.name() == WORKER_NAME or any(
+        os.path.basename(arg) == WORKER_NAME for arg in process.cmdline()[:1])
+  except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+    return False
+
+
+def worker_processes(pid: int | None = None) -> list[psutil.Process]:
+  """The TFF worker processes descended from `pid` (default: this process)."""
+  try:
+    children = psutil.Process(pid or os.getpid()).children(recursive=True)
+  except psutil.NoSuchProcess:
+    return []
+  return [p for p in children if _is_worker(p)]
+
+
+def shutdown_workers(timeout: float = 5.0) -> int:
+  """Stops this process's TFF workers (SIGINT, then SIGKILL) and reaps them.
+
+  Returns how many were stopped. Safe to call any number of times. The next
+  TFF computation call starts a fresh worker if one is needed: TFF notices
+  the dead stub and restarts the service.
+  """
+  workers = worker_processes()
+  for w in workers:
+    try:
+      w.send_signal(signal.SIGINT)
+    except psutil.NoSuchProcess:
+      pass
+  _, alive = psutil.wait_procs(workers, timeout=timeout)
+  for w in alive:
+    try:
+      w.kill()
+    except psutil.NoSuchProcess:
+      pass
+  psutil.wait_procs(alive, timeout=timeout)
+  return len(workers)
+
+
+def _exit_on_signal(signum, frame):
+  del frame
+  # SystemExit unwinds like an exception, so `finally` blocks and atexit
+  # hooks (shutdown_workers among them) run before the interpreter exits.
+  sys.exit(128 + signum)
+
+
+def install_handlers() -> None:
+  """Stop workers at exit and turn SIGTERM/SIGHUP into a clean exit."""
+  atexit.register(shutdown_workers)
+  if threading.current_thread() is not threading.main_thread():
+    return  # Signal handlers can only be set from the main thread.
+  for sig in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(sig) in (signal.SIG_DFL, None):
+      signal.signal(sig, _exit_on_signal)
+
+
+def set_local_cpp_context(max_concurrent_computation_calls: int = -1) -> None:
+  """Makes TFF's local C++ runtime the default context, with clean shutdown.
+
+  `max_concurrent_computation_calls` bounds how many client computations the
+  worker runs at once (non-positive: no bound).
+  """
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  shutdown_workers()
+  tff.backends.native.set_sync_local_cpp_execution_context(
+      max_concurrent_computation_calls=max_concurrent_computation_calls)
+
+
+install_handlers()

@@ -1,0 +1,1 @@
+"""Datasets and their client partitions."""
