@@ -205,12 +205,6 @@ def assign_weights(model: tf.keras.Model, values: Sequence[tf.Tensor]):
   return [v.assign(t) for v, t in zip(model.weights, values)]
 
 
-def trainable_mask(model: tf.keras.Model) -> tuple[bool, ...]:
-  """For each entry of `weight_values(model)`, whether it is trainable."""
-  trainable = {id(v) for v in model.trainable_weights}
-  return tuple(id(v) in trainable for v in model.weights)
-
-
 def _initializer_by_variable(model: tf.keras.Model) -> dict[int, object]:
   """Maps id(variable) to the Keras initialiser that created it."""
   found = {}

@@ -1,0 +1,235 @@
+"""The plain-TensorFlow FedCG pieces, eagerly, without TFF."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from fedcg_tff import fedcg_tf
+from fedcg_tff import networks
+from fedcg_tff.config import FedCGConfig
+
+TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
+                   server_epochs=1, server_steps_per_epoch=4)
+
+
+def _batch(n=16, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, 32, 32, 1)).astype(np.float32)
+  y = rng.integers(0, 10, n).astype(np.int32)
+  return x, y
+
+
+def _dataset(n=16, batch=8, seed=0):
+  return tf.data.Dataset.from_tensor_slices(_batch(n, seed)).batch(batch)
+
+
+def _nets(config, seed=3):
+  nets = fedcg_tf.Networks(config)
+  s = tf.constant(seed, tf.int64)
+  for m in (nets.extractor, nets.classifier, nets.generator,
+            nets.discriminator):
+    networks.assign_weights(m, networks.sample_initial_weights(m, s))
+  return nets
+
+
+@pytest.mark.parametrize('round_num,expected', [
+    (0, 0.0), (5, 0.4621), (25, 0.9866), (50, 0.99991), (80, 0.99991)])
+def test_gamma_ramp(round_num, expected):
+  assert float(fedcg_tf.gamma_ramp(round_num, 50)) == pytest.approx(
+      expected, abs=1e-4)
+
+
+def test_feature_distances():
+  f = tf.random.uniform([4, 5, 5, 16])
+  assert float(fedcg_tf.feature_distance('mse', f, f)) == 0.0
+  assert float(fedcg_tf.feature_distance('cos', f, f)) == pytest.approx(
+      0.0, abs=1e-6)
+  assert float(fedcg_tf.feature_distance('cos', f, 3.0 * f)) == pytest.approx(
+      0.0, abs=1e-6)  # Scale-invariant.
+  g = f + 0.5
+  assert float(fedcg_tf.feature_distance('mse', f, g)) == pytest.approx(0.25)
+  assert float(fedcg_tf.feature_distance('cos', f, -f)) == pytest.approx(2.0)
+  assert float(fedcg_tf.feature_distance('none', f, g)) == 0.0
+  with pytest.raises(ValueError):
+    fedcg_tf.feature_distance('l1', f, g)
+
+
+def _classification_loss(nets, x, y):
+  logits = nets.classifier(nets.extractor(x, training=False), training=False)
+  return float(tf.reduce_mean(
+      tf.keras.losses.sparse_categorical_crossentropy(y, logits,
+                                                      from_logits=True)))
+
+
+@pytest.mark.parametrize('distance', ['mse', 'cos', 'none'])
+def test_stage1_lowers_classification_loss(distance):
+  config = dataclasses.replace(TINY, local_epochs=40, lr=3e-3,
+                               distance=distance)
+  nets = _nets(config)
+  x, y = _batch(16)
+  ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+  state = fedcg_tf.initial_client_state(config, 1)
+  g_before = [v.numpy().copy() for v in nets.generator.weights]
+  before = _classification_loss(nets, x, y)
+
+  @tf.function
+  def run():
+    return fedcg_tf.train_classification(
+        nets, state.classification_optimizer, ds, tf.constant(0.5),
+        tf.constant(1, tf.int64), tf.constant(3))
+
+  opt_state, num_examples, cls_loss, dist_loss = run()
+  after = _classification_loss(nets, x, y)
+  assert after < 0.85 * before, (before, after)
+  assert int(num_examples) == 16
+  assert int(opt_state['step']) == 40 * 2
+  assert float(cls_loss) > 0
+  assert (float(dist_loss) == 0.0) == (distance == 'none')
+  for a, b in zip(g_before, nets.generator.weights):  # G stays frozen.
+    np.testing.assert_array_equal(a, b.numpy())
+
+
+def test_stage1_dist_term_pulls_features_to_generator():
+  # With a huge gamma, stage 1 must reduce the MSE between E(x) and G(z, y).
+  config = dataclasses.replace(TINY, local_epochs=30, lr=3e-3)
+  nets = _nets(config)
+  x, y = _batch(16)
+  ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+  state = fedcg_tf.initial_client_state(config, 1)
+  z = tf.random.normal([16, 100], seed=1)
+
+  def dist():
+    return float(fedcg_tf.feature_distance(
+        'mse', nets.extractor(x), nets.generator([z, y], training=False)))
+
+  before = dist()
+  tf.function(lambda: fedcg_tf.train_classification(
+      nets, state.classification_optimizer, ds, tf.constant(100.0),
+      tf.constant(1, tf.int64), tf.constant(0)))()
+  assert dist() < 0.5 * before
+
+
+def test_stage2_moves_discriminator_outputs_apart():
+  config = dataclasses.replace(TINY, gan_epochs=60, lr=1e-3)
+  nets = _nets(config)
+  x, y = _batch(16)
+  ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+  state = fedcg_tf.initial_client_state(config, 1)
+  z = tf.random.normal([16, 100], seed=2)
+  e_before = [v.numpy().copy() for v in nets.extractor.weights]
+
+  def gap():
+    # As in stage 2: batch statistics, real and fake batches apart.
+    real = nets.discriminator([nets.extractor(x), y], training=True)
+    fake = nets.discriminator(
+        [nets.generator([z, y], training=True), y], training=True)
+    return float(tf.reduce_mean(tf.sigmoid(real)) -
+                 tf.reduce_mean(tf.sigmoid(fake)))
+
+  before = gap()
+  d_opt, g_opt, d_loss, g_loss = tf.function(
+      lambda: fedcg_tf.train_gan(nets, state.discriminator_optimizer,
+                                 state.generator_optimizer, ds,
+                                 tf.constant(1, tf.int64), tf.constant(0)))()
+  after = gap()
+  assert abs(before) < 0.05
+  assert after > before + 0.1, (before, after)
+  assert int(d_opt['step']) == 60 and int(g_opt['step']) == 60
+  assert float(d_loss) > 0 and float(g_loss) > 0
+  for a, b in zip(e_before, nets.extractor.weights):  # E stays frozen.
+    np.testing.assert_array_equal(a, b.numpy())
+
+
+def test_distillation_lowers_kl_on_fixed_noise():
+  config = dataclasses.replace(TINY, batch_size=16)
+  nets = _nets(config)
+  z = tf.random.normal([16, 100], seed=4)
+  y = tf.constant(np.arange(16) % 10, tf.int32)
+  teacher = tf.random.normal([16, 10], seed=5) * 3.0
+
+  def kl():
+    student = nets.classifier(nets.generator([z, y], training=False))
+    return float(fedcg_tf.kl_divergence(teacher, student))
+
+  state = fedcg_tf.initial_server_state(config, ())
+  before = kl()
+  reps = 60  # the same batch, 60 steps
+  opt_state, kls = tf.function(lambda: fedcg_tf.distill(
+      nets, state.optimizer_state, tf.tile(z, [reps, 1]),
+      tf.tile(y, [reps]), tf.tile(teacher, [reps, 1])))()
+  assert kls.shape == (reps,)
+  assert int(opt_state['step']) == reps
+  assert kl() < 0.5 * before, (before, kl())
+  assert float(kls[-1]) < float(kls[0])
+
+
+def test_kl_divergence_matches_definition():
+  t = tf.constant([[1.0, 2.0, 0.5]])
+  s = tf.constant([[0.0, 1.0, 1.0]])
+  p = tf.nn.softmax(t).numpy()[0]
+  q = tf.nn.softmax(s).numpy()[0]
+  assert float(fedcg_tf.kl_divergence(t, s)) == pytest.approx(
+      float(np.sum(p * np.log(p / q))), rel=1e-5)
+  assert float(fedcg_tf.kl_divergence(t, t)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_distillation_inputs_seeded_by_round():
+  z0, y0 = fedcg_tf.distillation_inputs(TINY, 0)
+  z0b, _ = fedcg_tf.distillation_inputs(TINY, 0)
+  z1, y1 = fedcg_tf.distillation_inputs(TINY, 1)
+  assert z0.shape == (TINY.distill_samples, 100)
+  assert y0.dtype == tf.int32
+  np.testing.assert_array_equal(z0.numpy(), z0b.numpy())
+  assert not np.allclose(z0.numpy(), z1.numpy())
+  big = dataclasses.replace(TINY, server_steps_per_epoch=500)
+  _, labels = fedcg_tf.distillation_inputs(big, 0)
+  assert set(np.unique(labels.numpy())) == set(range(10))
+
+
+def test_ensemble_logits_chunks_match_one_pass():
+  nets = _nets(TINY)
+  z = tf.random.normal([10, 100], seed=6)
+  y = tf.constant(np.arange(10), tf.int32)
+  full = nets.classifier(nets.generator([z, y], training=False))
+  chunked = fedcg_tf.ensemble_logits(nets.generator, nets.classifier, z, y,
+                                     chunk=3)
+  np.testing.assert_allclose(chunked.numpy(), full.numpy(), atol=1e-5)
+
+
+def test_client_update_changes_state_and_keeps_seed():
+  nets = fedcg_tf.Networks(TINY)
+  server = fedcg_tf.initial_server_state(TINY, ())
+  state = fedcg_tf.initial_client_state(TINY, 11)
+  z, y = fedcg_tf.distillation_inputs(TINY, 0)
+  message = fedcg_tf.ServerMessage(server.generator, server.classifier,
+                                   tf.constant(0), z, y)
+  out = fedcg_tf.client_update(nets, message, state, _dataset(24))
+  assert int(out.metrics.num_examples) == 24 and float(out.weight) == 24.0
+  assert out.upload.teacher_logits.shape == (TINY.distill_samples, 10)
+  for name in ('extractor', 'discriminator'):
+    before, after = getattr(state, name), getattr(out.state, name)
+    assert any(not np.allclose(a.numpy(), b.numpy())
+               for a, b in zip(before, after)), name
+  assert int(out.state.seed) == 11
+  # The uploaded classifier is the client's trained C_i, kept for evaluation.
+  for a, b in zip(out.upload.classifier, out.state.classifier):
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+  assert not np.allclose(out.upload.classifier[0].numpy(),
+                         server.classifier[0].numpy())
+
+
+def test_server_update_advances_round_and_reports_gamma():
+  nets = fedcg_tf.Networks(TINY)
+  state = fedcg_tf.initial_server_state(TINY, ())
+  state = fedcg_tf.ServerState(state.generator, state.classifier,
+                               state.optimizer_state, (), tf.constant(5))
+  z, y = fedcg_tf.distillation_inputs(TINY, 5)
+  teacher = tf.random.normal([TINY.distill_samples, 10])
+  upload = fedcg_tf.ClientUpload(state.generator, state.classifier, teacher)
+  new, metrics = fedcg_tf.server_update(nets, state, (), upload, z, y)
+  assert int(new.round_num) == 6
+  assert float(metrics.gamma) == pytest.approx(0.4621, abs=1e-4)
+  assert float(metrics.distill_kl) > 0
+  assert int(new.optimizer_state['step']) == TINY.distill_steps

@@ -1,0 +1,139 @@
+"""Shapes, parameter counts, spectral norm and seeded initialisation."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from fedcg_tff import networks
+
+
+def _trainable(model):
+  return sum(int(np.prod(v.shape)) for v in model.trainable_weights)
+
+
+def test_extractor_shape_and_params():
+  e = networks.build_extractor(1)
+  assert e(tf.zeros([2, 32, 32, 1])).shape == (2, 5, 5, 16)
+  # conv 5x5x1x6 + 6 bias, conv 5x5x6x16 + 16 bias.
+  assert _trainable(e) == 156 + 2416 == e.count_params()
+  assert networks.build_extractor(3).count_params() == 456 + 2416
+
+
+def test_extractor_features_are_sigmoid_outputs():
+  f = networks.build_extractor(1)(tf.random.normal([4, 32, 32, 1]))
+  assert float(tf.reduce_min(f)) > 0.0 and float(tf.reduce_max(f)) < 1.0
+
+
+def test_classifier_shape_and_params():
+  c = networks.build_classifier(10)
+  assert c(tf.zeros([2, 5, 5, 16])).shape == (2, 10)
+  assert _trainable(c) == (400 * 120 + 120) + (120 * 84 + 84) + (84 * 10 + 10)
+
+
+def test_generator_shape_params_and_no_bias():
+  g = networks.build_generator(10, 100)
+  out = g([tf.random.normal([3, 100]), tf.constant([0, 4, 9])], training=True)
+  assert out.shape == (3, 5, 5, 16)
+  assert float(tf.reduce_min(out)) >= 0.0 and float(tf.reduce_max(out)) <= 1.0
+  convs = (110 * 512 + 512 * 256 + 256 * 128 + 128 * 16) * 4
+  batch_norm = 2 * (512 + 256 + 128)
+  assert _trainable(g) == 10 * 10 + convs + batch_norm
+  assert g.count_params() - _trainable(g) == batch_norm  # moving statistics
+  deconvs = [l for l in g.layers
+             if isinstance(l, tf.keras.layers.Conv2DTranspose)]
+  assert len(deconvs) == 4 and not any(l.use_bias for l in deconvs)
+  assert all(l.kernel_size == (2, 2) and l.strides == (1, 1) for l in deconvs)
+
+
+def test_discriminator_shape_params_and_spectral_norm_layers():
+  d = networks.build_discriminator(10)
+  out = d([tf.random.uniform([3, 5, 5, 16]), tf.constant([1, 2, 3])],
+          training=True)
+  assert out.shape == (3,)
+  convs = (26 * 128 + 128 * 256 + 256 * 512 + 512 * 1) * 4
+  batch_norm = 2 * (128 + 256 + 512)
+  assert _trainable(d) == 10 * 10 + convs + batch_norm
+  sn = [l for l in d.layers if isinstance(l, networks.SpectralNormConv2D)]
+  assert [l.filters for l in sn] == [128, 256, 512, 1]
+  assert not any(l.use_bias for l in sn)
+  # Non-trainable: BN moving statistics and one power-iteration vector each.
+  assert d.count_params() - _trainable(d) == batch_norm + 128 + 256 + 512 + 1
+
+
+def test_discriminator_label_changes_output():
+  d = networks.build_discriminator(10)
+  f = tf.random.uniform([1, 5, 5, 16])
+  a = d([f, tf.constant([0])], training=False)
+  b = d([f, tf.constant([7])], training=False)
+  assert not np.allclose(a.numpy(), b.numpy())
+
+
+def test_spectral_norm_largest_singular_value_is_one():
+  layer = networks.SpectralNormConv2D(
+      64, 2, use_bias=False,
+      kernel_initializer=tf.keras.initializers.RandomNormal(0.0, 0.5, seed=3))
+  layer.build((None, 4, 4, 32))
+  raw = np.linalg.svd(layer.kernel.numpy().reshape(-1, 64), compute_uv=False)
+  assert raw[0] > 2.0  # The raw kernel is far from norm 1.
+  for _ in range(50):
+    kernel = layer.normalized_kernel(training=True)
+  sv = np.linalg.svd(kernel.numpy().reshape(-1, 64), compute_uv=False)
+  assert sv[0] == pytest.approx(1.0, abs=1e-2)
+  # Inference reuses the learnt u and gives the same normalisation.
+  again = layer.normalized_kernel(training=False).numpy()
+  np.testing.assert_allclose(again, kernel.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_spectral_norm_u_only_moves_in_training():
+  layer = networks.SpectralNormConv2D(8, 2)
+  x = tf.random.normal([2, 3, 3, 4])
+  layer(x, training=False)
+  u0 = layer.sn_u.numpy().copy()
+  layer(x, training=False)
+  np.testing.assert_array_equal(layer.sn_u.numpy(), u0)
+  layer(x, training=True)
+  assert not np.allclose(layer.sn_u.numpy(), u0)
+
+
+def test_gan_init_distributions():
+  g = networks.build_generator()
+  kernel = g.get_layer('deconv2').kernel.numpy()
+  assert abs(kernel.mean()) < 0.002 and kernel.std() == pytest.approx(0.02, rel=0.05)
+  gammas = [l.gamma.numpy() for l in g.layers
+            if isinstance(l, tf.keras.layers.BatchNormalization)]
+  assert np.concatenate(gammas).std() == pytest.approx(0.02, rel=0.15)
+  assert np.concatenate(gammas).mean() == pytest.approx(1.0, abs=0.005)
+
+
+@pytest.mark.parametrize('builder', [
+    networks.build_extractor, networks.build_classifier,
+    networks.build_generator, networks.build_discriminator])
+def test_sample_initial_weights_seeded(builder):
+  model = builder()
+  a = networks.sample_initial_weights(model, tf.constant(5, tf.int64))
+  b = networks.sample_initial_weights(model, tf.constant(5, tf.int64))
+  c = networks.sample_initial_weights(model, tf.constant(6, tf.int64))
+  assert [t.shape for t in a] == [v.shape for v in model.weights]
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x.numpy(), y.numpy())
+  random = [i for i, t in enumerate(a) if float(tf.math.reduce_std(t)) > 0]
+  assert random  # Kernels and embeddings are random ...
+  for i in random:  # ... and depend on the seed.
+    assert not np.allclose(a[i].numpy(), c[i].numpy())
+  # Each weight is drawn from its own initialiser's distribution.
+  for v, t in zip(model.weights, a):
+    name = v.name
+    if 'moving_variance' in name:
+      np.testing.assert_array_equal(t.numpy(), 1.0)
+    elif 'bias' in name or 'beta' in name or 'moving_mean' in name:
+      np.testing.assert_array_equal(t.numpy(), 0.0)
+
+
+def test_weight_values_roundtrip():
+  c = networks.build_classifier()
+  values = networks.sample_initial_weights(c, tf.constant(1, tf.int64))
+  networks.assign_weights(c, values)
+  for a, b in zip(networks.weight_values(c), values):
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+  with pytest.raises(ValueError, match='classifier'):
+    networks.assign_weights(c, values[:2])
