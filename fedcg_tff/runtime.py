@@ -7,13 +7,20 @@ the parent's output pipe open (`python run.py | tail` then never returns, and
 CI hangs to its time limit). Importing this module arranges that every
 `worker_binary` child of this process is stopped at exit, on SIGTERM/SIGHUP,
 and after Ctrl-C (KeyboardInterrupt unwinds into the same atexit hook).
+A hard crash (abort, SIGKILL) runs no Python at all, so the worker is also
+started with Linux's parent-death signal set: the kernel stops it when the
+thread that started it dies.
 """
 
 import atexit
+import ctypes
 import os
 import signal
 import sys
 import threading
+
+import subprocess
+import types
 
 import psutil
 
@@ -60,6 +67,41 @@ def shutdown_workers(timeout: float = 5.0) -> int:
   return len(workers)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+  """In the child before exec: ask for SIGKILL when the parent dies."""
+  try:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+  except (OSError, AttributeError):
+    pass  # Not Linux: the atexit and signal handlers still apply.
+
+
+class _WorkerPopen(subprocess.Popen):
+  """`subprocess.Popen` that sets the parent-death signal in the child."""
+
+  def __init__(self, *args, **kwargs):
+    kwargs.setdefault('preexec_fn', _die_with_parent)
+    super().__init__(*args, **kwargs)
+
+
+def _patch_worker_launcher():
+  """Makes TFF's local executor factory start workers with `_WorkerPopen`.
+
+  TFF offers no hook for how its worker is launched; its factory module calls
+  `subprocess.Popen`, so that module's `subprocess` name is pointed at a copy
+  whose `Popen` is ours (everything else is the real module's).
+  """
+  from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
+  if getattr(executor_factory.subprocess, 'Popen', None) is _WorkerPopen:
+    return
+  shim = types.ModuleType('subprocess')
+  shim.__dict__.update(subprocess.__dict__)
+  shim.Popen = _WorkerPopen
+  executor_factory.subprocess = shim
+
+
 def _exit_on_signal(signum, frame):
   del frame
   # SystemExit unwinds like an exception, so `finally` blocks and atexit
@@ -84,6 +126,7 @@ def set_local_cpp_context(max_concurrent_computation_calls: int = -1) -> None:
   worker runs at once (non-positive: no bound).
   """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  _patch_worker_launcher()
   shutdown_workers()
   tff.backends.native.set_sync_local_cpp_execution_context(
       max_concurrent_computation_calls=max_concurrent_computation_calls)

@@ -70,10 +70,17 @@ def load_idx(data_dir: str = DEBIAN_DIR):
 def load_tfds(data_dir=None):
   """The same arrays from TensorFlow Datasets' `fashion_mnist`."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  train, test = tfds.as_numpy(tfds.load(
-      'fashion_mnist', split=['train', 'test'], batch_size=-1,
-      as_supervised=True, data_dir=data_dir))
-  return train, test
+  splits = tfds.load('fashion_mnist', split=['train', 'test'],
+                     as_supervised=True, data_dir=data_dir)
+  # Batched reads, not `batch_size=-1`: with TF 2.14 that aborts the
+  # process under `tfds.testing.mock_data`.
+  return tuple(_to_arrays(ds) for ds in splits)
+
+
+def _to_arrays(dataset):
+  batches = list(dataset.batch(10_000).as_numpy_iterator())
+  return (np.concatenate([b[0] for b in batches]),
+          np.concatenate([b[1] for b in batches]))
 
 
 def build_task(num_clients: int = 4,

@@ -14,6 +14,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fedcg_tff import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
+def pytest_configure(config):
+  del config
+  # TFF's C++ runtime, with workers that die with this process.
+  runtime.set_local_cpp_context()
+
+
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
   runtime.shutdown_workers()

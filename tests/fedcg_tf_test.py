@@ -233,3 +233,7 @@ def test_server_update_advances_round_and_reports_gamma():
   assert float(metrics.gamma) == pytest.approx(0.4621, abs=1e-4)
   assert float(metrics.distill_kl) > 0
   assert int(new.optimizer_state['step']) == TINY.distill_steps
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

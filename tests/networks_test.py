@@ -137,3 +137,7 @@ def test_weight_values_roundtrip():
     np.testing.assert_array_equal(a.numpy(), b.numpy())
   with pytest.raises(ValueError, match='classifier'):
     networks.assign_weights(c, values[:2])
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

@@ -1,0 +1,233 @@
+"""The TFF layer: placements, the federated teacher, rounds end to end."""
+
+import dataclasses
+
+import attrs
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedcg_tff import experiment
+from fedcg_tff import fedcg_tf
+from fedcg_tff import fedcg_tff as fedcg
+from fedcg_tff.config import FedCGConfig
+
+TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
+                   server_epochs=1, server_steps_per_epoch=3)
+# The extractor's kernels, 5x5 convolutions: no other shared network has them.
+EXTRACTOR_KERNEL_SHAPES = {(5, 5, 1, 6), (5, 5, 6, 16)}
+
+
+def _client_data(n, seed):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, 32, 32, 1)).astype(np.float32)
+  y = rng.integers(0, 10, n).astype(np.int32)
+  return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+
+def _tensor_shapes(type_spec):
+  """Every tensor shape inside a TFF type."""
+  if isinstance(type_spec, tff.TensorType):
+    return [tuple(type_spec.shape)]
+  if isinstance(type_spec, tff.StructType):
+    return [s for t in type_spec for s in _tensor_shapes(t)]
+  if isinstance(type_spec, tff.FederatedType):
+    return _tensor_shapes(type_spec.member)
+  if isinstance(type_spec, tff.SequenceType):
+    return _tensor_shapes(type_spec.element)
+  if isinstance(type_spec, tff.FunctionType):
+    return ((_tensor_shapes(type_spec.parameter) if type_spec.parameter
+             else []) + _tensor_shapes(type_spec.result))
+  return []
+
+
+def _placements(type_spec):
+  if isinstance(type_spec, tff.FederatedType):
+    return {type_spec.placement}
+  if isinstance(type_spec, tff.StructType):
+    return set().union(*[_placements(t) for t in type_spec])
+  return set()
+
+
+def _crossings(comp):
+  """(intrinsic uri, parameter type) of every intrinsic in `comp` that moves
+  values from one placement to another (broadcasts and aggregations)."""
+  found = []
+
+  def visit(node):
+    if isinstance(node, tff.framework.Intrinsic):
+      fn_type = node.type_signature
+      src = _placements(fn_type.parameter) if fn_type.parameter else set()
+      dst = _placements(fn_type.result)
+      if src and dst and src != dst:
+        found.append((node.uri, fn_type.parameter))
+    return node, False
+
+  tff.framework.transform_postorder(comp.to_building_block(), visit)
+  return found
+
+
+def _leaks(comp):
+  return [uri for uri, t in _crossings(comp)
+          if EXTRACTOR_KERNEL_SHAPES & set(_tensor_shapes(t))]
+
+
+@pytest.fixture(scope='module')
+def process():
+  return fedcg.build_fedcg_process(TINY)
+
+
+@pytest.fixture(scope='module')
+def init_clients():
+  return fedcg.build_client_state_initializer(TINY)
+
+
+def test_no_extractor_crosses_a_placement(process, init_clients):
+  crossings = _crossings(process.next)
+  uris = {uri for uri, _ in crossings}
+  # The check sees the round's broadcast and its aggregation ...
+  assert 'federated_broadcast' in uris
+  assert uris & {'federated_mean', 'federated_weighted_mean', 'federated_sum',
+                 'federated_aggregate'}
+  # ... and none of them carries an extractor kernel.
+  assert _leaks(process.next) == []
+  for comp in (process.initialize, init_clients,
+               fedcg.build_evaluation(TINY)):
+    assert _leaks(comp) == []
+  # The server state never holds one either; the client state does, at
+  # CLIENTS only (so the shape check above is looking for the right thing).
+  server_out, clients_out, _ = process.next.type_signature.result
+  assert server_out.placement is tff.SERVER
+  assert not EXTRACTOR_KERNEL_SHAPES & set(_tensor_shapes(server_out))
+  assert clients_out.placement is tff.CLIENTS
+  assert EXTRACTOR_KERNEL_SHAPES <= set(_tensor_shapes(clients_out))
+
+
+def test_leak_check_catches_a_leaky_computation(init_clients):
+  state_type = init_clients.type_signature.result
+
+  @tff.federated_computation(state_type)
+  def leaky(client_states):
+    return tff.federated_mean(client_states.extractor)
+
+  assert _leaks(leaky) == ['federated_mean']
+
+
+def test_client_initializer_is_seeded(init_clients):
+  a, b, c = init_clients([3, 3, 4])
+  np.testing.assert_array_equal(a.extractor[0], b.extractor[0])
+  assert not np.allclose(a.extractor[0], c.extractor[0])
+  assert int(a.seed) == 3 and int(c.seed) == 4
+
+
+def test_teacher_by_federated_mean_equals_direct_ensemble(init_clients):
+  comps = fedcg.FedCGComputations(TINY, tff.aggregators.MeanFactory())
+  message_type = comps.server_message.type_signature.result
+
+  @tff.federated_computation(
+      tff.FederatedType(message_type, tff.SERVER),
+      tff.FederatedType(comps.client_state_type, tff.CLIENTS),
+      tff.FederatedType(comps.data_type, tff.CLIENTS))
+  def clients_then_aggregate(message, states, data):
+    outputs = tff.federated_map(
+        comps.client_update, (tff.federated_broadcast(message), states, data))
+    aggregated = comps.aggregator.next(comps.aggregator.initialize(),
+                                       outputs.upload, outputs.weight)
+    return outputs.upload, outputs.weight, aggregated.result
+
+  server = fedcg_tf.initial_server_state(TINY, ())
+  noise, labels = fedcg_tf.distillation_inputs(TINY, 0)
+  message = fedcg_tf.ServerMessage(server.generator, server.classifier,
+                                   tf.constant(0), noise, labels)
+  sizes = [8, 24, 40]  # Unequal weights.
+  uploads, weights, mean = clients_then_aggregate(
+      message, init_clients([1, 2, 3]),
+      [_client_data(n, i) for i, n in enumerate(sizes)])
+  assert [float(w) for w in weights] == sizes
+
+  w = np.array(sizes, np.float64) / sum(sizes)
+  nets = fedcg_tf.Networks(TINY)
+  direct = 0.0
+  for wi, upload in zip(w, uploads):
+    nets.generator.set_weights(upload.generator)
+    nets.classifier.set_weights(upload.classifier)
+    logits = nets.classifier(nets.generator([noise, labels], training=False),
+                             training=False)
+    direct = direct + wi * logits.numpy()
+  # The client-computed teachers differ, so the mean is a real ensemble.
+  assert not np.allclose(uploads[0].teacher_logits, uploads[2].teacher_logits)
+  np.testing.assert_allclose(mean.teacher_logits, direct, atol=1e-4, rtol=1e-4)
+  # G_g and C_g start from the same weighted average.
+  for k in range(len(mean.generator)):
+    expected = sum(wi * u.generator[k] for wi, u in zip(w, uploads))
+    np.testing.assert_allclose(mean.generator[k], expected, atol=1e-5)
+
+
+def test_two_rounds_end_to_end(process, init_clients):
+  server_state = process.initialize()
+  assert int(server_state.round_num) == 0
+  client_states = init_clients([11, 12, 13])
+  initial = client_states
+  for round_num in range(2):
+    data = [_client_data(16 + 8 * i, 100 * round_num + i) for i in range(3)]
+    server_state, client_states, metrics = process.next(
+        server_state, client_states, data)
+    assert int(server_state.round_num) == round_num + 1
+    assert [int(m.num_examples) for m in metrics.clients] == [16, 24, 32]
+    assert all(np.isfinite(float(v)) for m in metrics.clients
+               for v in attrs.astuple(m))
+    assert float(metrics.server.distill_kl) > 0
+  assert float(metrics.server.gamma) == pytest.approx(
+      float(fedcg_tf.gamma_ramp(1, 50)))
+  # Every piece of every client's state moved, but its seed.
+  for n, before, after in zip([16, 24, 32], initial, client_states):
+    for name in ('extractor', 'classifier', 'discriminator'):
+      assert not np.allclose(getattr(before, name)[0],
+                             getattr(after, name)[0]), name
+    batches = -(-n // 8)  # One epoch of each stage, two rounds.
+    assert int(after.classification_optimizer['step']) == 2 * batches
+    assert int(after.generator_optimizer['step']) == 2 * batches
+    assert int(after.seed) == int(before.seed)
+  # Clients personalise: their extractors differ from each other.
+  assert not np.allclose(client_states[0].extractor[0],
+                         client_states[1].extractor[0])
+  assert int(server_state.optimizer_state['step']) == 2 * TINY.distill_steps
+
+  evaluate = fedcg.build_evaluation(TINY)
+  results = evaluate(client_states, [_client_data(20, 7)] * 3,
+                     [_client_data(12, 8)] * 3)
+  assert len(results) == 3
+  for r in results:
+    for acc in (float(r.val_accuracy), float(r.test_accuracy)):
+      assert 0.0 <= acc <= 1.0
+  # Accuracy is counted: a client's accuracy on data equals its own count.
+  x = np.concatenate([b[0] for b in _client_data(20, 7).as_numpy_iterator()])
+  y = np.concatenate([b[1] for b in _client_data(20, 7).as_numpy_iterator()])
+  nets = fedcg_tf.Networks(TINY)
+  nets.extractor.set_weights(client_states[0].extractor)
+  nets.classifier.set_weights(client_states[0].classifier)
+  pred = np.argmax(nets.classifier(nets.extractor(x)).numpy(), axis=1)
+  assert float(results[0].val_accuracy) == pytest.approx(np.mean(pred == y))
+
+
+def test_algorithm_runs_under_experiment_loop(tmp_path):
+  algorithm = fedcg.FedCGAlgorithm(TINY, num_clients=2)
+  writer = experiment.MetricsWriter(str(tmp_path))
+  result = experiment.run(
+      algorithm,
+      train_data_fn=lambda r: [_client_data(16, r), _client_data(8, r + 1)],
+      val_data=[_client_data(8, 5)] * 2, test_data=[_client_data(8, 6)] * 2,
+      max_rounds=2, patience=5, writer=writer, log=lambda _: None)
+  assert result.rounds_run == 2
+  rows = (tmp_path / 'metrics.csv').read_text().splitlines()
+  assert len(rows) == 3  # header + 2 rounds
+  header = rows[0].split(',')
+  for key in ('server/distill_kl', 'server/gamma', 'client_1/d_loss',
+              'client_0/val_accuracy', 'mean/cls_loss', 'round_seconds'):
+    assert key in header
+  assert list((tmp_path / 'tensorboard').iterdir())
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

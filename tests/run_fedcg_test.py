@@ -1,0 +1,73 @@
+"""The binary: flag validation at start, and a tiny run end to end."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import fake_data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(args, timeout=600):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'binaries.run_fedcg', *args], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=timeout)
+  return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize('flag,message', [
+    ('--lr=-1', '--lr must be > 0'),
+    ('--batch_size=0', '--batch_size must be >= 1'),
+    ('--gan_beta1=1.5', '--gan_beta1 must be in [0, 1)'),
+    ('--rounds=0', '--rounds must be >= 1'),
+    ('--distance=l1', "flag --distance=l1"),
+])
+def test_invalid_flag_fails_at_start_naming_it(tmp_path, flag, message):
+  rc, _, err = _run([f'--output_dir={tmp_path / "out"}', flag], timeout=60)
+  assert rc != 0
+  assert message in err
+  assert not (tmp_path / 'out').exists()  # Nothing was started.
+
+
+def test_missing_data_and_taken_output_dir(tmp_path):
+  rc, _, err = _run([f'--output_dir={tmp_path / "out"}',
+                     f'--data_dir={tmp_path / "nothing"}'], timeout=120)
+  assert rc != 0 and '--data_dir' in err and 'not found' in err
+  taken = tmp_path / 'taken'
+  taken.mkdir()
+  (taken / 'metrics.csv').write_text('keep me')
+  rc, _, err = _run([f'--output_dir={taken}'], timeout=120)
+  assert rc != 0 and '--output_dir' in err
+  assert (taken / 'metrics.csv').read_text() == 'keep me'
+
+
+def test_tiny_run_end_to_end(tmp_path):
+  data = tmp_path / 'idx'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
+  out = tmp_path / 'out'
+  rc, stdout, err = _run([
+      f'--output_dir={out}', f'--data_dir={data}', '--num_clients=2',
+      '--train_per_client=16', '--rounds=2', '--local_epochs=1',
+      '--gan_epochs=1', '--server_epochs=1', '--server_steps_per_epoch=2'])
+  assert rc == 0, err[-3000:]
+  assert 'round 1/2' in stdout and 'round 2/2' in stdout and 'ETA' in stdout
+  assert 'test_acc_at_best_val' in stdout and 'mean' in stdout
+  results = json.loads((out / 'results.json').read_text())
+  assert results['rounds_run'] == 2
+  assert len(results['test_accuracy_at_best_val']) == 2
+  config = json.loads((out / 'config.json').read_text())
+  assert config['config']['server_steps_per_epoch'] == 2
+  rows = (out / 'metrics.csv').read_text().splitlines()
+  assert len(rows) == 3
+  assert any(f.startswith('events.out.tfevents')
+             for f in os.listdir(out / 'tensorboard'))
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

@@ -1,0 +1,105 @@
+"""No TFF worker_binary outlives the process that started it.
+
+Each case runs a small script in a subprocess whose stdout is a pipe: if a
+worker survived, it would hold the pipe open and `communicate` would time out
+(the CI hang this guards against), and `worker_binary` would still be found.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from fedcg_tff import runtime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_SCRIPT = textwrap.dedent('''
+    import os, sys, time
+    sys.path.insert(0, {root!r})
+    from fedcg_tff import runtime
+    import numpy as np
+    import tensorflow_federated as tff
+    runtime.set_local_cpp_context()
+
+    @tff.tensorflow.computation(np.float32)
+    def add_one(x):
+      return x + 1.0
+
+    assert add_one(1.0) == 2.0
+    print('WORKERS', ' '.join(str(p.pid) for p in runtime.worker_processes()),
+          flush=True)
+    mode = {mode!r}
+    if mode == 'raise':
+      raise RuntimeError('crash on purpose')
+    if mode == 'wait':
+      time.sleep(120)
+    if mode == 'abort':
+      os.abort()  # A hard crash: no Python cleanup runs.
+''')
+
+
+def _run(mode, send=None):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  proc = subprocess.Popen(
+      [sys.executable, '-c', _SCRIPT.format(root=ROOT, mode=mode)],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+  worker_pids = []
+  if send is not None:
+    for line in proc.stdout:  # Wait until the worker is up.
+      if line.startswith(b'WORKERS'):
+        worker_pids = [int(p) for p in line.split()[1:]]
+        break
+    time.sleep(0.5)
+    proc.send_signal(send)
+  try:
+    out, _ = proc.communicate(timeout=120)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    pytest.fail('the output pipe stayed open: a worker_binary outlived its '
+                'parent')
+  for line in out.splitlines():
+    if line.startswith(b'WORKERS'):
+      worker_pids = [int(p) for p in line.split()[1:]]
+  return proc.returncode, worker_pids
+
+
+def _alive(pid):
+  try:
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
+
+
+@pytest.mark.parametrize('mode,send,expect_rc', [
+    ('exit', None, 0),
+    ('raise', None, 1),
+    ('abort', None, -signal.SIGABRT),
+    ('wait', signal.SIGTERM, 128 + signal.SIGTERM),
+    ('wait', signal.SIGKILL, -signal.SIGKILL),
+    # Ctrl-C: KeyboardInterrupt, which Python reports by dying of SIGINT.
+    ('wait', signal.SIGINT, -signal.SIGINT),
+])
+def test_worker_stopped_with_parent(mode, send, expect_rc):
+  rc, worker_pids = _run(mode, send)
+  assert worker_pids, 'the script should have started a worker'
+  assert rc == expect_rc
+  deadline = time.time() + 10
+  while any(_alive(p) for p in worker_pids) and time.time() < deadline:
+    time.sleep(0.2)
+  assert not any(_alive(p) for p in worker_pids)
+
+
+def test_shutdown_workers_is_idempotent_without_workers():
+  runtime.shutdown_workers()
+  assert runtime.shutdown_workers() == 0
+  assert runtime.worker_processes() == []
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))
