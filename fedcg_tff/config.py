@@ -26,7 +26,10 @@ class FedCGConfig:
   beta2: float = 0.999
   gan_beta1: float = 0.5
   gan_beta2: float = 0.999
-  adam_epsilon: float = 1e-8  # PyTorch's default.
+  # PyTorch's default value. TFF's Adam adds it to sqrt(v) before the bias
+  # correction rather than after: eps is effectively scaled by
+  # sqrt(1 - beta2^t), a negligible difference.
+  adam_epsilon: float = 1e-8
   local_epochs: int = 20
   gan_epochs: int = 20
   server_epochs: int = 20

@@ -6,6 +6,9 @@ this module keeps the paper's bookkeeping (per client, the test accuracy at
 its best-validation round), writes every round's metrics to TensorBoard and
 CSV through `tff.program` release managers, prints progress, and stops after
 `patience` rounds in which no client reached a new best validation accuracy.
+
+Rounds are numbered from 1 in everything a user reads (progress lines, the
+CSV and TensorBoard step, the final table); algorithms get 0-based indices.
 """
 
 import asyncio
@@ -141,15 +144,15 @@ def run(algorithm: Algorithm,
     metrics['mean/val_accuracy'] = float(np.mean(val))
     metrics['mean/test_accuracy'] = float(np.mean(test))
     metrics['round_seconds'] = elapsed
-    improved = tracker.update(round_num, val, test)
+    improved = tracker.update(rounds_run, val, test)
     metrics['mean/test_accuracy_at_best_val'] = tracker.mean_test
     if writer is not None:
-      writer.write(round_num, metrics)
+      writer.write(rounds_run, metrics)
 
     since_best = 0 if improved else since_best + 1
     mean_time = float(np.mean(round_seconds))
     remaining = max_rounds - rounds_run
-    log(f'round {round_num + 1}/{max_rounds} | '
+    log(f'round {rounds_run}/{max_rounds} | '
         f'val {100 * np.mean(val):.2f}% test {100 * np.mean(test):.2f}% | '
         f'best-val test {100 * tracker.mean_test:.2f}% | '
         f'{elapsed:.1f}s | ETA <= {_duration(mean_time * remaining)} '

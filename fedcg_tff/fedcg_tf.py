@@ -68,6 +68,7 @@ class ClientUpload:
 @attrs.define(frozen=True)
 class ClientMetrics:
   num_examples: Any
+  gamma: Any  # The weight of L_dist this client used this round.
   cls_loss: Any
   dist_loss: Any
   d_loss: Any
@@ -87,7 +88,6 @@ class ServerMetrics:
   distill_kl: Any  # Mean KL over the distillation steps.
   distill_kl_first: Any
   distill_kl_last: Any
-  gamma: Any  # The gamma used by the clients this round.
 
 
 @attrs.define(frozen=True)
@@ -241,18 +241,17 @@ def train_classification(nets: Networks, optimizer_state, dataset, gamma,
   """Stage 1: `local_epochs` passes of L_cls + gamma * L_dist over E and C.
 
   G is frozen (inference mode, output a constant). Returns the new optimizer
-  state, the example count of one pass, and the mean L_cls and L_dist.
+  state and the mean L_cls and L_dist.
   Call from inside a `tf.function` (the loops are AutoGraph loops).
   """
   config = nets.config
   optimizer = classification_optimizer(config)
   variables = (nets.extractor.trainable_variables +
                nets.classifier.trainable_variables)
-  num_examples = tf.constant(0, tf.int32)
   cls_sum = tf.constant(0.0)
   dist_sum = tf.constant(0.0)
   steps = tf.constant(0, tf.int32)
-  for epoch in tf.range(config.local_epochs):
+  for _ in tf.range(config.local_epochs):
     for x, y in iter(dataset):  # See _ITERATE_NOTE.
       y = tf.cast(y, tf.int32)
       batch = tf.shape(y)[0]
@@ -274,10 +273,8 @@ def train_classification(nets: Networks, optimizer_state, dataset, gamma,
       cls_sum += cls_loss
       dist_sum += dist_loss
       steps += 1
-      if tf.equal(epoch, 0):  # Not `==`: graph-mode (v1) tensors compare by id.
-        num_examples += batch
   mean = lambda s: s / tf.maximum(tf.cast(steps, tf.float32), 1.0)
-  return optimizer_state, num_examples, mean(cls_sum), mean(dist_sum)
+  return optimizer_state, mean(cls_sum), mean(dist_sum)
 
 
 def train_gan(nets: Networks, d_optimizer_state, g_optimizer_state, dataset,
@@ -323,6 +320,14 @@ def train_gan(nets: Networks, d_optimizer_state, g_optimizer_state, dataset,
   return d_optimizer_state, g_optimizer_state, mean(d_sum), mean(g_sum)
 
 
+def count_examples(dataset):
+  """n_i, the client's weight: examples in one pass over `dataset`."""
+  count = tf.constant(0, tf.int32)
+  for _, y in iter(dataset):  # See _ITERATE_NOTE.
+    count += tf.shape(y)[0]
+  return count
+
+
 def ensemble_logits(generator, classifier, noise, labels, chunk: int = 2000):
   """C(G(z, y)) in inference mode, computed in chunks to bound memory."""
   count = tf.shape(labels)[0]
@@ -352,7 +357,8 @@ def client_update(nets: Networks, message: ServerMessage, state: ClientState,
   _assign(nets.discriminator, state.discriminator)
   gamma = gamma_ramp(message.round_num, config.gamma_ramp_rounds)
 
-  cls_opt, num_examples, cls_loss, dist_loss = train_classification(
+  num_examples = count_examples(dataset)
+  cls_opt, cls_loss, dist_loss = train_classification(
       nets, state.classification_optimizer, dataset, gamma, state.seed,
       message.round_num)
   d_opt, g_opt, d_loss, g_loss = train_gan(
@@ -376,7 +382,8 @@ def client_update(nets: Networks, message: ServerMessage, state: ClientState,
       classifier=classifier,
       teacher_logits=teacher,
   )
-  metrics = ClientMetrics(num_examples=num_examples, cls_loss=cls_loss,
+  metrics = ClientMetrics(num_examples=num_examples, gamma=gamma,
+                          cls_loss=cls_loss,
                           dist_loss=dist_loss, d_loss=d_loss, g_loss=g_loss)
   return ClientOutput(state=new_state, upload=upload,
                       weight=tf.cast(num_examples, tf.float32),
@@ -477,6 +484,5 @@ def server_update(nets: Networks, state: ServerState, aggregator_state,
       distill_kl=tf.cond(has_steps, lambda: tf.reduce_mean(kls), lambda: 0.0),
       distill_kl_first=pick(0),
       distill_kl_last=pick(-1),
-      gamma=gamma_ramp(state.round_num, nets.config.gamma_ramp_rounds),
   )
   return new_state, metrics

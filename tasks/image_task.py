@@ -55,9 +55,15 @@ class FederatedImageTask:
 
 def _train_pipeline(arrays, batch_size, seed):
   images, labels = arrays
+  # Separate seeds for the order and the flips: with one seed the two
+  # streams coincide and whether an image is flipped depends on its index.
+  shuffle_seed, flip_seed = (
+      int(s) for s in np.random.SeedSequence(seed).generate_state(2) >> 1)
   ds = tf.data.Dataset.from_tensor_slices((images, labels))
-  ds = ds.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True)
-  flips = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+  ds = ds.shuffle(len(labels), seed=shuffle_seed,
+                  reshuffle_each_iteration=True)
+  flips = tf.data.Dataset.random(seed=flip_seed,
+                                 rerandomize_each_iteration=True)
   ds = tf.data.Dataset.zip((ds, flips)).map(
       _flip, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds.batch(batch_size)

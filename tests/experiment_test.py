@@ -54,7 +54,8 @@ def test_run_stops_after_patience_rounds_without_a_new_best(tmp_path):
   assert 'ETA' in lines[-1] and '3/3 rounds without a new best' in lines[-1]
   with open(tmp_path / 'metrics.csv') as f:
     rows = list(csv.DictReader(f))
-  assert [int(r['round']) for r in rows] == list(range(6))
+  assert [int(r['round']) for r in rows] == list(range(1, 7))  # 1-based
+  assert result.tracker.best_round == [2, 3]
   assert float(rows[2]['client_1/val_accuracy']) == pytest.approx(0.3)
   assert float(rows[2]['mean/test_accuracy_at_best_val']) == pytest.approx(0.55)
   assert float(rows[1]['server/loss']) == pytest.approx(0.5)

@@ -15,8 +15,9 @@ from fedcg_tff.config import FedCGConfig
 
 TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
                    server_epochs=1, server_steps_per_epoch=3)
-# The extractor's kernels, 5x5 convolutions: no other shared network has them.
-EXTRACTOR_KERNEL_SHAPES = {(5, 5, 1, 6), (5, 5, 6, 16)}
+# The extractor's weight shapes (5x5 kernels, biases of 6 and 16): no other
+# network, nor anything else a round broadcasts or aggregates, has them.
+EXTRACTOR_KERNEL_SHAPES = {(5, 5, 1, 6), (6,), (5, 5, 6, 16), (16,)}
 
 
 def _client_data(n, seed):
@@ -166,6 +167,7 @@ def test_teacher_by_federated_mean_equals_direct_ensemble(init_clients):
 
 def test_two_rounds_end_to_end(process, init_clients):
   server_state = process.initialize()
+  initial_server = server_state
   assert int(server_state.round_num) == 0
   client_states = init_clients([11, 12, 13])
   initial = client_states
@@ -178,17 +180,24 @@ def test_two_rounds_end_to_end(process, init_clients):
     assert all(np.isfinite(float(v)) for m in metrics.clients
                for v in attrs.astuple(m))
     assert float(metrics.server.distill_kl) > 0
-  assert float(metrics.server.gamma) == pytest.approx(
-      float(fedcg_tf.gamma_ramp(1, 50)))
-  # Every piece of every client's state moved, but its seed.
+    # The clients used the ramp's gamma for this round: 0, then ~0.0997.
+    for m in metrics.clients:
+      assert float(m.gamma) == pytest.approx(
+          float(fedcg_tf.gamma_ramp(round_num, 50)), abs=1e-6)
+  # The private pieces of every client's state moved; its seed did not.
   for n, before, after in zip([16, 24, 32], initial, client_states):
-    for name in ('extractor', 'classifier', 'discriminator'):
+    for name in ('extractor', 'discriminator'):
       assert not np.allclose(getattr(before, name)[0],
                              getattr(after, name)[0]), name
     batches = -(-n // 8)  # One epoch of each stage, two rounds.
-    assert int(after.classification_optimizer['step']) == 2 * batches
-    assert int(after.generator_optimizer['step']) == 2 * batches
+    for opt in ('classification_optimizer', 'discriminator_optimizer',
+                'generator_optimizer'):  # Persisted across both rounds.
+      assert int(getattr(after, opt)['step']) == 2 * batches, opt
     assert int(after.seed) == int(before.seed)
+  # G_g and C_g moved.
+  for name in ('generator', 'classifier'):
+    assert not np.allclose(getattr(initial_server, name)[1],
+                           getattr(server_state, name)[1]), name
   # Clients personalise: their extractors differ from each other.
   assert not np.allclose(client_states[0].extractor[0],
                          client_states[1].extractor[0])
@@ -223,7 +232,7 @@ def test_algorithm_runs_under_experiment_loop(tmp_path):
   rows = (tmp_path / 'metrics.csv').read_text().splitlines()
   assert len(rows) == 3  # header + 2 rounds
   header = rows[0].split(',')
-  for key in ('server/distill_kl', 'server/gamma', 'client_1/d_loss',
+  for key in ('server/distill_kl', 'mean/gamma', 'client_1/d_loss',
               'client_0/val_accuracy', 'mean/cls_loss', 'round_seconds'):
     assert key in header
   assert list((tmp_path / 'tensorboard').iterdir())

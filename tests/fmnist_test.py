@@ -43,6 +43,10 @@ def test_build_task_follows_protocol(tmp_path):
     assert c.val[0].shape == (5, 32, 32, 1) and c.test[0].shape == (5, 32, 32, 1)
     # Normalised with mean 0.5 / std 0.5: values in [-1, 1].
     assert c.train[0].min() >= -1.0 and c.train[0].max() <= 1.0
+  # A black pixel maps to -1 (unnormalised it would stay 0).
+  (raw_train, _), _ = fmnist.load_idx(str(tmp_path))
+  assert raw_train.min() == 0
+  assert min(c.train[0].min() for c in task.clients) == pytest.approx(-1.0)
   # Train draws are disjoint; the 2n test parts are disjoint and cover 8*5.
   def keys(arrays):
     return {a.tobytes() for a in arrays[0]}
@@ -79,9 +83,11 @@ def test_tfds_source_with_mock_data():
 
 def test_preprocess_resizes_and_normalises():
   images = np.full((2, 28, 28), 255, np.uint8)
+  images[1] = 51  # 0.2 after scaling
   out = image_task.preprocess(images, (0.5,), (0.5,))
   assert out.shape == (2, 32, 32, 1)
-  np.testing.assert_allclose(out, 1.0, atol=1e-5)
+  np.testing.assert_allclose(out[0], 1.0, atol=1e-5)
+  np.testing.assert_allclose(out[1], -0.6, atol=1e-5)
   rgb = np.zeros((1, 32, 32, 3), np.uint8)
   out = image_task.preprocess(rgb, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
   np.testing.assert_allclose(out[0, 0, 0], [-0.485 / 0.229, -0.456 / 0.224,
@@ -116,6 +122,25 @@ def test_train_pipeline_shuffles_flips_and_is_seeded():
   np.testing.assert_array_equal(np.concatenate([b[0] for b in same]), images)
   other = _epoch(task.train_datasets(1, 8)[0])
   assert not np.array_equal(np.concatenate([b[1] for b in other]), labels1)
+
+
+def test_flips_are_independent_of_order_and_index():
+  # Each image is mirrored with probability 1/2 whatever its index: measured
+  # separately on even and odd source indices over three epochs.
+  rng = np.random.default_rng(1)
+  n = 400
+  x = rng.normal(size=(n, 32, 32, 1)).astype(np.float32)
+  y = np.arange(n, dtype=np.int32)
+  split = image_task.ClientSplit((x, y), (x[:4], y[:4]), (x[:4], y[:4]))
+  task = image_task.FederatedImageTask('t', (split,), 10, 1, seed=2)
+  ds = task.train_datasets(round_num=3, batch_size=50)[0]
+  flipped = {0: [], 1: []}
+  for _ in range(3):
+    for images, labels in ds.as_numpy_iterator():
+      for image, label in zip(images, labels):
+        flipped[label % 2].append(not np.array_equal(image, x[label]))
+  for parity, draws in flipped.items():
+    assert 0.42 < np.mean(draws) < 0.58, (parity, np.mean(draws))
 
 
 if __name__ == '__main__':
