@@ -149,11 +149,6 @@ def _apply(optimizer, state, variables, gradients, weight_decay=0.0):
   return state
 
 
-def _assign(model, values):
-  for v, t in zip(model.weights, values):
-    v.assign(t)
-
-
 def initial_server_state(config: FedCGConfig, aggregator_state) -> ServerState:
   """G_g and C_g drawn from `config.seed`, a fresh server optimizer, round 0."""
   nets = Networks(config)
@@ -351,10 +346,10 @@ def client_update(nets: Networks, message: ServerMessage, state: ClientState,
                   dataset) -> ClientOutput:
   """One FedCG client round: load G_g/C_g, stage 1, stage 2, teacher logits."""
   config = nets.config
-  _assign(nets.generator, message.generator)
-  _assign(nets.classifier, message.classifier)
-  _assign(nets.extractor, state.extractor)
-  _assign(nets.discriminator, state.discriminator)
+  networks.assign_weights(nets.generator, message.generator)
+  networks.assign_weights(nets.classifier, message.classifier)
+  networks.assign_weights(nets.extractor, state.extractor)
+  networks.assign_weights(nets.discriminator, state.discriminator)
   gamma = gamma_ramp(message.round_num, config.gamma_ramp_rounds)
 
   num_examples = count_examples(dataset)
@@ -393,8 +388,8 @@ def client_update(nets: Networks, message: ServerMessage, state: ClientState,
 @tf.function
 def evaluate_client(nets: Networks, state: ClientState, val_data, test_data):
   """Accuracy of E_i followed by the client's C_i on its val and test data."""
-  _assign(nets.extractor, state.extractor)
-  _assign(nets.classifier, state.classifier)
+  networks.assign_weights(nets.extractor, state.extractor)
+  networks.assign_weights(nets.classifier, state.classifier)
 
   def accuracy(dataset):
     correct = tf.constant(0, tf.int64)
@@ -467,8 +462,8 @@ def distill(nets: Networks, optimizer_state, noise, labels, teacher_logits):
 def server_update(nets: Networks, state: ServerState, aggregator_state,
                   averaged: ClientUpload, noise, labels):
   """Weighted-average (G, C) from the aggregator, then distil the ensemble."""
-  _assign(nets.generator, averaged.generator)
-  _assign(nets.classifier, averaged.classifier)
+  networks.assign_weights(nets.generator, averaged.generator)
+  networks.assign_weights(nets.classifier, averaged.classifier)
   optimizer_state, kls = distill(nets, state.optimizer_state, noise, labels,
                                  averaged.teacher_logits)
   new_state = ServerState(
