@@ -97,15 +97,16 @@ def main(argv):
   from fedcg_tff import fedcg_tff  # pylint: disable=g-import-not-at-top
   from tasks import fmnist  # pylint: disable=g-import-not-at-top
 
-  try:
-    experiment.prepare_output_dir(FLAGS.output_dir)
-  except (FileExistsError, OSError) as e:
-    raise app.UsageError(str(e)) from None
+  # Data first: a missing data set must not leave an output directory.
   try:
     task = fmnist.build_task(FLAGS.num_clients, FLAGS.train_per_client,
                              config.seed, FLAGS.data_source, FLAGS.data_dir)
   except (FileNotFoundError, ValueError) as e:
     raise app.UsageError(f'--data_dir / --data_source: {e}') from None
+  try:
+    experiment.prepare_output_dir(FLAGS.output_dir)
+  except (FileExistsError, OSError) as e:
+    raise app.UsageError(str(e)) from None
 
   with open(os.path.join(FLAGS.output_dir, 'config.json'), 'w') as f:
     json.dump({'config': dataclasses.asdict(config),

@@ -435,6 +435,10 @@ def distill(nets: Networks, optimizer_state, noise, labels, teacher_logits):
   """KL distillation of the teacher logits into (G, C) = (nets.generator,
   nets.classifier), `batch_size` rows of (z, y, teacher) per step, in order.
 
+  The student runs in training mode (its batch-norm statistics follow the
+  distillation batches), while the clients computed the teacher logits with
+  their G_i in inference mode (`ensemble_logits`).
+
   Returns the new optimizer state and the per-step KL values.
   """
   config = nets.config

@@ -38,10 +38,15 @@ def test_missing_data_and_taken_output_dir(tmp_path):
   rc, _, err = _run([f'--output_dir={tmp_path / "out"}',
                      f'--data_dir={tmp_path / "nothing"}'], timeout=120)
   assert rc != 0 and '--data_dir' in err and 'not found' in err
+  assert not (tmp_path / 'out').exists()  # No output directory was left.
+  data = tmp_path / 'idx'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
   taken = tmp_path / 'taken'
   taken.mkdir()
   (taken / 'metrics.csv').write_text('keep me')
-  rc, _, err = _run([f'--output_dir={taken}'], timeout=120)
+  rc, _, err = _run([f'--output_dir={taken}', f'--data_dir={data}',
+                     '--train_per_client=16'], timeout=120)
   assert rc != 0 and '--output_dir' in err
   assert (taken / 'metrics.csv').read_text() == 'keep me'
 
