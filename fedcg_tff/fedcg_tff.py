@@ -23,7 +23,6 @@ from typing import Optional
 
 import attrs
 import numpy as np
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedcg_tff import fedcg_tf

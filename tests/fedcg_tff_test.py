@@ -1,6 +1,5 @@
 """The TFF layer: placements, the federated teacher, rounds end to end."""
 
-import dataclasses
 
 import attrs
 import numpy as np
