@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from fedcg_tff import fedcg_tf
+from fedcg_tff import training_tf
 from fedcg_tff.config import FedCGConfig
 
 
@@ -46,7 +47,7 @@ def main():
   stage2 = tf.function(lambda: fedcg_tf.train_gan(
       nets, state.discriminator_optimizer, state.generator_optimizer,
       dataset, state.seed, 0))
-  teacher = tf.function(lambda: fedcg_tf.ensemble_logits(
+  teacher = tf.function(lambda: fedcg_tf.generated_logits(
       nets.generator, nets.classifier, noise, labels))
   logits = teacher()
   server_nets = fedcg_tf.Networks(config)
@@ -63,7 +64,7 @@ def main():
         f'{_best_of(distill, 1):6.2f} s')
 
   # The loop form: one stage-1 step per batch, 250 batches.
-  optimizer = fedcg_tf.classification_optimizer(config)
+  optimizer = training_tf.classification_optimizer(config)
   variables = (nets.extractor.trainable_variables +
                nets.classifier.trainable_variables)
 
@@ -73,8 +74,8 @@ def main():
                                training=True)
       loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
           yb, logits, from_logits=True))
-    return fedcg_tf._apply(optimizer, opt_state, variables,  # pylint: disable=protected-access
-                           tape.gradient(loss, variables))
+    return training_tf.apply_gradients(optimizer, opt_state, variables,
+                                       tape.gradient(loss, variables))
 
   @tf.function
   def over_dataset():

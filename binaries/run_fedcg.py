@@ -1,6 +1,12 @@
-r"""Trains FedCG with TFF's local runtime on FMNIST and reports the paper's table.
+r"""Trains FedCG or a baseline with TFF's local runtime on FMNIST and reports
+the paper's table.
 
   .venv/bin/python -m binaries.run_fedcg --output_dir=runs/fedcg_fmnist
+  .venv/bin/python -m binaries.run_fedcg --algorithm=fedavg \
+      --output_dir=runs/fedavg_fmnist
+
+--algorithm is one of local, fedavg, fedprox, fedsplit, feddf, fedgen, fedcg:
+all use the same networks, data, evaluation and early stopping.
 
 Every hyper-parameter of the spec is a flag whose default is the published
 code's. Per round it prints a progress line and writes TensorBoard summaries
@@ -17,9 +23,17 @@ from absl import flags
 from absl import logging
 
 from fedcg_tff import runtime  # Before TFF starts a worker: clean shutdown.
-from fedcg_tff.config import FedCGConfig, DISTANCES
+from fedcg_tff.config import CLIENT_OPTIMIZERS, DISTANCES, FedCGConfig
+
+# The algorithm names, without importing TensorFlow before the flags are
+# checked (tests/run_fedcg_test.py checks this list against the registry).
+ALGORITHMS = ('local', 'fedavg', 'fedprox', 'fedsplit', 'feddf', 'fedgen',
+              'fedcg')
 
 _DEFAULTS = FedCGConfig()
+
+flags.DEFINE_enum('algorithm', 'fedcg', list(ALGORITHMS),
+                  'Which algorithm of the paper\'s Table 1 to run.')
 
 # Hyper-parameters: one flag per FedCGConfig field, same name and default.
 flags.DEFINE_integer('batch_size', _DEFAULTS.batch_size, 'Batch size.')
@@ -46,6 +60,13 @@ flags.DEFINE_enum('distance', _DEFAULTS.distance, list(DISTANCES),
 flags.DEFINE_integer('gamma_ramp_rounds', _DEFAULTS.gamma_ramp_rounds,
                      'Rounds until the gamma ramp reaches ~1.')
 flags.DEFINE_integer('seed', _DEFAULTS.seed, 'Seed of partition, init, noise.')
+flags.DEFINE_enum('client_optimizer', _DEFAULTS.client_optimizer,
+                  list(CLIENT_OPTIMIZERS),
+                  'Client optimizer of E and C (sgd: no momentum).')
+flags.DEFINE_float('prox_mu', _DEFAULTS.prox_mu,
+                   'FedProx: weight mu of (mu/2)||w - w_global||^2.')
+flags.DEFINE_float('diversity_weight', _DEFAULTS.diversity_weight,
+                   'FedGen: weight of the generator\'s diversity term.')
 # Run.
 flags.DEFINE_integer('rounds', 200, 'Maximum number of rounds.')
 flags.DEFINE_integer('patience', 20, 'Stop after this many rounds without a '
@@ -53,6 +74,10 @@ flags.DEFINE_integer('patience', 20, 'Stop after this many rounds without a '
 flags.DEFINE_integer('num_clients', 4, 'Number of clients.')
 flags.DEFINE_integer('train_per_client', 2000,
                      'Training images drawn for each client.')
+flags.DEFINE_integer('server_data_size', None,
+                     'FedDF: unlabeled server images, a slice of the '
+                     'training split disjoint from the clients\' (default: '
+                     'the protocol\'s 32000).')
 flags.DEFINE_enum('data_source', 'idx', ['idx', 'tfds'],
                   "'idx': the IDX files in --data_dir; 'tfds': TFDS.")
 flags.DEFINE_string('data_dir', None,
@@ -80,10 +105,14 @@ def config_from_flags() -> FedCGConfig:
 
 def _check_run_flags():
   for name, minimum in (('rounds', 1), ('patience', 1), ('num_clients', 1),
-                        ('train_per_client', 1)):
-    if FLAGS[name].value < minimum:
+                        ('train_per_client', 1), ('server_data_size', 1)):
+    if FLAGS[name].value is not None and FLAGS[name].value < minimum:
       raise app.UsageError(
           f'--{name} must be >= {minimum}, got {FLAGS[name].value}')
+  if FLAGS.server_data_size is not None and FLAGS.algorithm != 'feddf':
+    raise app.UsageError(
+        f'--server_data_size is only used by --algorithm=feddf, not '
+        f'--algorithm={FLAGS.algorithm}')
 
 
 def main(argv):
@@ -93,14 +122,18 @@ def main(argv):
   _check_run_flags()
 
   # Imports that start TensorFlow come after flag checks: bad flags fail fast.
+  from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
   from fedcg_tff import experiment  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import fedcg_tff  # pylint: disable=g-import-not-at-top
   from tasks import fmnist  # pylint: disable=g-import-not-at-top
 
+  server_size = 0
+  if algorithms.needs_server_images(FLAGS.algorithm):
+    server_size = FLAGS.server_data_size or fmnist.SERVER_SIZE
   # Data first: a missing data set must not leave an output directory.
   try:
     task = fmnist.build_task(FLAGS.num_clients, FLAGS.train_per_client,
-                             config.seed, FLAGS.data_source, FLAGS.data_dir)
+                             config.seed, FLAGS.data_source, FLAGS.data_dir,
+                             server_size=server_size)
   except (FileNotFoundError, ValueError) as e:
     raise app.UsageError(f'--data_dir / --data_source: {e}') from None
   try:
@@ -113,10 +146,12 @@ def main(argv):
                'flags': FLAGS.flag_values_dict()}, f, indent=2, default=str)
 
   runtime.set_local_cpp_context(FLAGS.max_concurrent_clients)
-  print(f'FedCG on {task.name}: {task.num_clients} clients, '
-        f'{FLAGS.train_per_client} training images each; '
-        f'building computations...', flush=True)
-  algorithm = fedcg_tff.FedCGAlgorithm(config, task.num_clients)
+  print(f'{FLAGS.algorithm} on {task.name}: {task.num_clients} clients, '
+        f'{FLAGS.train_per_client} training images each'
+        f'{f", {server_size} unlabeled server images" if server_size else ""}'
+        f'; building computations...', flush=True)
+  algorithm = algorithms.build(FLAGS.algorithm, config, task.num_clients,
+                               server_images=task.server_images)
   writer = experiment.MetricsWriter(FLAGS.output_dir)
   result = experiment.run(
       algorithm,
@@ -130,6 +165,7 @@ def main(argv):
 
   tracker = result.tracker
   summary = {
+      'algorithm': FLAGS.algorithm,
       'rounds_run': result.rounds_run,
       'stopped_early': result.stopped_early,
       'mean_round_seconds': sum(result.round_seconds) / result.rounds_run,

@@ -1,4 +1,5 @@
-"""FedCG's hyper-parameters, with the published code's defaults.
+"""Hyper-parameters of FedCG and the baselines, with the published code's
+defaults.
 
 One frozen object is handed to every builder, so the TensorFlow layer, the TFF
 layer and the binaries cannot disagree about a value. Field names are the
@@ -8,6 +9,7 @@ binaries' flag names, so a validation error names the flag to fix.
 import dataclasses
 
 DISTANCES = ('mse', 'cos', 'none')
+CLIENT_OPTIMIZERS = ('adam', 'sgd')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,13 @@ class FedCGConfig:
   # The gamma ramp reaches ~1 after this many rounds: p = min(round / n, 1).
   gamma_ramp_rounds: int = 50
   seed: int = 1
+  # Optimizer of E and C on the clients (every algorithm). The published code
+  # uses Adam; 'sgd' (plain, no momentum) is what tff.learning's FedAvg runs.
+  client_optimizer: str = 'adam'
+  # FedProx: weight of (mu / 2) * ||w - w_global||^2 in the local loss.
+  prox_mu: float = 0.01
+  # FedGen: weight of the diversity term in the server generator's loss.
+  diversity_weight: float = 1.0
 
   @property
   def distill_steps(self) -> int:
@@ -66,6 +75,14 @@ class FedCGConfig:
         raise ValueError(f'{name} must be in [0, 1), got {getattr(self, name)}')
     if not self.adam_epsilon > 0:
       raise ValueError(f'adam_epsilon must be > 0, got {self.adam_epsilon}')
+    if not self.prox_mu >= 0:
+      raise ValueError(f'prox_mu must be >= 0, got {self.prox_mu}')
+    if not self.diversity_weight >= 0:
+      raise ValueError(
+          f'diversity_weight must be >= 0, got {self.diversity_weight}')
+    if self.client_optimizer not in CLIENT_OPTIMIZERS:
+      raise ValueError(f'client_optimizer must be one of {CLIENT_OPTIMIZERS}, '
+                       f'got {self.client_optimizer!r}')
     if self.distance not in DISTANCES:
       raise ValueError(
           f'distance must be one of {DISTANCES}, got {self.distance!r}')

@@ -3,25 +3,21 @@
 Nothing here knows about TFF: every function takes Keras models and tensors
 and can be run eagerly in a test. `fedcg_tff.py` places and wires them.
 
-Networks travel as tuples of tensors (`networks.weight_values`); each
-function assigns the incoming values to its Keras models, trains, and reads
-the results back, all inside one `tf.function` so that the assignments,
-the batch-norm updates and the reads are ordered by automatic control
-dependencies even inside the graph-mode context of a TFF computation.
-
-Optimizers are `tff.learning.optimizers` Adam: functional, with a state that
-is a plain structure of tensors, which is what lets the three client optimizer
-states persist in the CLIENTS-placed client state across rounds.
+The shared pieces (networks, optimizers, the supervised loop, distillation,
+evaluation) live in `training_tf.py`; this module holds what only FedCG does:
+its states, the feature distance and gamma ramp, the GAN stage, the teacher
+logits on server noise and the data-free server step.
 """
 
 from typing import Any
 
 import attrs
 import tensorflow as tf
-from tensorflow_federated.python.learning.optimizers import adam
 
 from fedcg_tff import networks
+from fedcg_tff import training_tf
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.training_tf import Networks
 
 # ---------------------------------------------------------------------------
 # State and message structures.
@@ -90,63 +86,8 @@ class ServerMetrics:
   distill_kl_last: Any
 
 
-@attrs.define(frozen=True)
-class EvalMetrics:
-  val_accuracy: Any
-  test_accuracy: Any
-
-
 # ---------------------------------------------------------------------------
-# Networks and optimizers.
-
-
-class Networks:
-  """The four Keras networks of one party, built once per graph."""
-
-  def __init__(self, config: FedCGConfig):
-    self.config = config
-    self.extractor = networks.build_extractor(config.image_channels)
-    self.classifier = networks.build_classifier(config.num_classes)
-    self.generator = networks.build_generator(config.num_classes,
-                                              config.noise_dim)
-    self.discriminator = networks.build_discriminator(config.num_classes)
-
-
-def classification_optimizer(config: FedCGConfig):
-  return adam.build_adam(config.lr, config.beta1, config.beta2,
-                         config.adam_epsilon)
-
-
-def gan_optimizer(config: FedCGConfig):
-  return adam.build_adam(config.lr, config.gan_beta1, config.gan_beta2,
-                         config.adam_epsilon)
-
-
-def distillation_optimizer(config: FedCGConfig):
-  return adam.build_adam(config.lr, config.beta1, config.beta2,
-                         config.adam_epsilon)
-
-
-def _initial_optimizer_state(optimizer, variables):
-  """`optimizer.initialize` for `variables`, with every leaf a tensor (so the
-  state keeps one structure and dtype as an AutoGraph loop variable)."""
-  specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)
-  return tf.nest.map_structure(tf.convert_to_tensor, optimizer.initialize(specs))
-
-
-def _apply(optimizer, state, variables, gradients, weight_decay=0.0):
-  """One functional optimizer step on `variables`; returns the new state.
-
-  `weight_decay` is added to the gradient as L2 (`g + wd * w`), which is what
-  PyTorch's `Adam(weight_decay=...)` in the published code does.
-  """
-  weights = tuple(tf.identity(v) for v in variables)
-  if weight_decay:
-    gradients = tuple(g + weight_decay * w for g, w in zip(gradients, weights))
-  state, new_weights = optimizer.next(state, weights, tuple(gradients))
-  for v, w in zip(variables, new_weights):
-    v.assign(w)
-  return state
+# Initial states.
 
 
 def initial_server_state(config: FedCGConfig, aggregator_state) -> ServerState:
@@ -158,8 +99,8 @@ def initial_server_state(config: FedCGConfig, aggregator_state) -> ServerState:
   return ServerState(
       generator=networks.sample_initial_weights(nets.generator, seed),
       classifier=networks.sample_initial_weights(nets.classifier, seed),
-      optimizer_state=_initial_optimizer_state(
-          distillation_optimizer(config), trainable),
+      optimizer_state=training_tf.initial_optimizer_state(
+          training_tf.server_optimizer(config), trainable),
       aggregator_state=aggregator_state,
       round_num=tf.constant(0, tf.int32),
   )
@@ -170,16 +111,18 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
   nets = Networks(config)
   seed = tf.cast(seed, tf.int64)
   ec = nets.extractor.trainable_weights + nets.classifier.trainable_weights
+  init = training_tf.initial_optimizer_state
   return ClientState(
       extractor=networks.sample_initial_weights(nets.extractor, seed),
       classifier=networks.sample_initial_weights(nets.classifier, seed),
       discriminator=networks.sample_initial_weights(nets.discriminator, seed),
-      classification_optimizer=_initial_optimizer_state(
-          classification_optimizer(config), ec),
-      discriminator_optimizer=_initial_optimizer_state(
-          gan_optimizer(config), nets.discriminator.trainable_weights),
-      generator_optimizer=_initial_optimizer_state(
-          gan_optimizer(config), nets.generator.trainable_weights),
+      classification_optimizer=init(
+          training_tf.classification_optimizer(config), ec),
+      discriminator_optimizer=init(
+          training_tf.gan_optimizer(config),
+          nets.discriminator.trainable_weights),
+      generator_optimizer=init(
+          training_tf.gan_optimizer(config), nets.generator.trainable_weights),
       seed=seed,
   )
 
@@ -208,25 +151,6 @@ def feature_distance(kind: str, features, targets):
   raise ValueError(f'Unknown distance {kind!r}')
 
 
-def _noise(seed, stream, round_num, step, shape):
-  """Stateless N(0, 1) noise keyed by (client seed, stream, round, step)."""
-  key = (tf.cast(stream, tf.int64) * (1 << 40) +
-         tf.cast(round_num, tf.int64) * (1 << 24) + tf.cast(step, tf.int64))
-  return tf.random.stateless_normal(
-      shape, tf.stack([tf.cast(seed, tf.int64), key]))
-
-
-# _ITERATE_NOTE: the loops below iterate `iter(dataset)`, not `dataset`.
-# AutoGraph turns `for x in dataset` into a `dataset.reduce`, whose body runs
-# in tf.data's function runtime: a training step there took ~12 ms on 2 CPU
-# cores against ~1.7 ms in the `tf.while_loop` that `for x in iter(dataset)`
-# becomes (benchmarks/step_loop_benchmark.py).
-
-_NOISE_STREAM_CLS = 1
-_NOISE_STREAM_GAN = 2
-
-_xent = tf.keras.losses.SparseCategoricalCrossentropy(
-    from_logits=True, reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)
 _bce = tf.keras.losses.BinaryCrossentropy(
     from_logits=True, reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)
 
@@ -240,36 +164,17 @@ def train_classification(nets: Networks, optimizer_state, dataset, gamma,
   Call from inside a `tf.function` (the loops are AutoGraph loops).
   """
   config = nets.config
-  optimizer = classification_optimizer(config)
-  variables = (nets.extractor.trainable_variables +
-               nets.classifier.trainable_variables)
-  cls_sum = tf.constant(0.0)
-  dist_sum = tf.constant(0.0)
-  steps = tf.constant(0, tf.int32)
-  for _ in tf.range(config.local_epochs):
-    for x, y in iter(dataset):  # See _ITERATE_NOTE.
-      y = tf.cast(y, tf.int32)
-      batch = tf.shape(y)[0]
-      with tf.GradientTape() as tape:
-        features = nets.extractor(x, training=True)
-        logits = nets.classifier(features, training=True)
-        cls_loss = _xent(y, logits)
-        if config.distance == 'none':
-          dist_loss = tf.constant(0.0)
-        else:
-          z = _noise(seed, _NOISE_STREAM_CLS, round_num, steps,
-                     [batch, config.noise_dim])
-          targets = tf.stop_gradient(nets.generator([z, y], training=False))
-          dist_loss = feature_distance(config.distance, features, targets)
-        loss = cls_loss + gamma * dist_loss
-      grads = tape.gradient(loss, variables)
-      optimizer_state = _apply(optimizer, optimizer_state, variables, grads,
-                               config.weight_decay)
-      cls_sum += cls_loss
-      dist_sum += dist_loss
-      steps += 1
-  mean = lambda s: s / tf.maximum(tf.cast(steps, tf.float32), 1.0)
-  return optimizer_state, mean(cls_sum), mean(dist_sum)
+
+  def dist_loss(features, labels, step):
+    z = training_tf.noise(seed, training_tf.NOISE_STREAM_CLS, round_num, step,
+                          [tf.shape(labels)[0], config.noise_dim])
+    targets = tf.stop_gradient(nets.generator([z, labels], training=False))
+    return feature_distance(config.distance, features, targets)
+
+  return training_tf.train_classifier(
+      nets, optimizer_state, dataset, config.local_epochs,
+      extra_loss=None if config.distance == 'none' else dist_loss,
+      extra_weight=gamma)
 
 
 def train_gan(nets: Networks, d_optimizer_state, g_optimizer_state, dataset,
@@ -281,19 +186,20 @@ def train_gan(nets: Networks, d_optimizer_state, g_optimizer_state, dataset,
   states and the mean D and G losses. Call from inside a `tf.function`.
   """
   config = nets.config
-  optimizer = gan_optimizer(config)
+  optimizer = training_tf.gan_optimizer(config)
+  apply = training_tf.apply_gradients
   d_vars = nets.discriminator.trainable_variables
   g_vars = nets.generator.trainable_variables
   d_sum = tf.constant(0.0)
   g_sum = tf.constant(0.0)
   steps = tf.constant(0, tf.int32)
   for _ in tf.range(config.gan_epochs):
-    for x, y in iter(dataset):  # See _ITERATE_NOTE.
+    for x, y in iter(dataset):  # See training_tf.ITERATE_NOTE.
       y = tf.cast(y, tf.int32)
       batch = tf.shape(y)[0]
       real = nets.extractor(x, training=False)
-      z = _noise(seed, _NOISE_STREAM_GAN, round_num, steps,
-                 [batch, config.noise_dim])
+      z = training_tf.noise(seed, training_tf.NOISE_STREAM_GAN, round_num,
+                            steps, [batch, config.noise_dim])
       with tf.GradientTape() as g_tape:
         fake = nets.generator([z, y], training=True)
       with tf.GradientTape() as d_tape:
@@ -301,13 +207,13 @@ def train_gan(nets: Networks, d_optimizer_state, g_optimizer_state, dataset,
         d_fake = nets.discriminator([tf.stop_gradient(fake), y], training=True)
         d_loss = (_bce(tf.ones_like(d_real), d_real) +
                   _bce(tf.zeros_like(d_fake), d_fake))
-      d_optimizer_state = _apply(optimizer, d_optimizer_state, d_vars,
-                                 d_tape.gradient(d_loss, d_vars))
+      d_optimizer_state = apply(optimizer, d_optimizer_state, d_vars,
+                                d_tape.gradient(d_loss, d_vars))
       with g_tape:
         d_on_fake = nets.discriminator([fake, y], training=True)
         g_loss = _bce(tf.ones_like(d_on_fake), d_on_fake)
-      g_optimizer_state = _apply(optimizer, g_optimizer_state, g_vars,
-                                 g_tape.gradient(g_loss, g_vars))
+      g_optimizer_state = apply(optimizer, g_optimizer_state, g_vars,
+                                g_tape.gradient(g_loss, g_vars))
       d_sum += d_loss
       g_sum += g_loss
       steps += 1
@@ -315,30 +221,12 @@ def train_gan(nets: Networks, d_optimizer_state, g_optimizer_state, dataset,
   return d_optimizer_state, g_optimizer_state, mean(d_sum), mean(g_sum)
 
 
-def count_examples(dataset):
-  """n_i, the client's weight: examples in one pass over `dataset`."""
-  count = tf.constant(0, tf.int32)
-  for _, y in iter(dataset):  # See _ITERATE_NOTE.
-    count += tf.shape(y)[0]
-  return count
-
-
-def ensemble_logits(generator, classifier, noise, labels, chunk: int = 2000):
-  """C(G(z, y)) in inference mode, computed in chunks to bound memory."""
-  count = tf.shape(labels)[0]
-  num_chunks = (count + chunk - 1) // chunk
-  num_classes = classifier.output_shape[-1]
-  out = tf.TensorArray(tf.float32, size=num_chunks, infer_shape=False,
-                       element_shape=tf.TensorShape([None, num_classes]))
-  for i in tf.range(num_chunks):
-    start = i * chunk
-    z = noise[start:start + chunk]
-    y = labels[start:start + chunk]
-    out = out.write(i, classifier(generator([z, y], training=False),
-                                  training=False))
-  logits = out.concat()
-  logits.set_shape(labels.shape.concatenate([num_classes]))
-  return logits
+def generated_logits(generator, classifier, noise, labels):
+  """C(G(z, y)) in inference mode, in chunks to bound memory."""
+  return training_tf.chunked_logits(
+      lambda z, y: classifier(generator([z, y], training=False),
+                              training=False),
+      (noise, labels), classifier.output_shape[-1])
 
 
 @tf.function
@@ -352,15 +240,15 @@ def client_update(nets: Networks, message: ServerMessage, state: ClientState,
   networks.assign_weights(nets.discriminator, state.discriminator)
   gamma = gamma_ramp(message.round_num, config.gamma_ramp_rounds)
 
-  num_examples = count_examples(dataset)
+  num_examples = training_tf.count_examples(dataset)
   cls_opt, cls_loss, dist_loss = train_classification(
       nets, state.classification_optimizer, dataset, gamma, state.seed,
       message.round_num)
   d_opt, g_opt, d_loss, g_loss = train_gan(
       nets, state.discriminator_optimizer, state.generator_optimizer, dataset,
       state.seed, message.round_num)
-  teacher = ensemble_logits(nets.generator, nets.classifier,
-                            message.distill_noise, message.distill_labels)
+  teacher = generated_logits(nets.generator, nets.classifier,
+                             message.distill_noise, message.distill_labels)
 
   classifier = networks.weight_values(nets.classifier)
   new_state = ClientState(
@@ -385,28 +273,6 @@ def client_update(nets: Networks, message: ServerMessage, state: ClientState,
                       metrics=metrics)
 
 
-@tf.function
-def evaluate_client(nets: Networks, state: ClientState, val_data, test_data):
-  """Accuracy of E_i followed by the client's C_i on its val and test data."""
-  networks.assign_weights(nets.extractor, state.extractor)
-  networks.assign_weights(nets.classifier, state.classifier)
-
-  def accuracy(dataset):
-    correct = tf.constant(0, tf.int64)
-    total = tf.constant(0, tf.int64)
-    for x, y in iter(dataset):  # See _ITERATE_NOTE.
-      logits = nets.classifier(nets.extractor(x, training=False),
-                               training=False)
-      pred = tf.argmax(logits, axis=-1, output_type=tf.int64)
-      correct += tf.reduce_sum(tf.cast(tf.equal(pred, tf.cast(y, tf.int64)), tf.int64))
-      total += tf.cast(tf.shape(y)[0], tf.int64)
-    return tf.cast(correct, tf.float32) / tf.maximum(
-        tf.cast(total, tf.float32), 1.0)
-
-  return EvalMetrics(val_accuracy=accuracy(val_data),
-                     test_accuracy=accuracy(test_data))
-
-
 # ---------------------------------------------------------------------------
 # Server update.
 
@@ -423,43 +289,22 @@ def distillation_inputs(config: FedCGConfig, round_num):
   return noise, labels
 
 
-def kl_divergence(teacher_logits, student_logits):
-  """KL(softmax(teacher) || softmax(student)), mean over the batch."""
-  p = tf.nn.softmax(teacher_logits)
-  return tf.reduce_mean(tf.reduce_sum(
-      p * (tf.nn.log_softmax(teacher_logits) -
-           tf.nn.log_softmax(student_logits)), axis=-1))
-
-
 def distill(nets: Networks, optimizer_state, noise, labels, teacher_logits):
   """KL distillation of the teacher logits into (G, C) = (nets.generator,
   nets.classifier), `batch_size` rows of (z, y, teacher) per step, in order.
 
   The student runs in training mode (its batch-norm statistics follow the
   distillation batches), while the clients computed the teacher logits with
-  their G_i in inference mode (`ensemble_logits`).
+  their G_i in inference mode (`generated_logits`).
 
   Returns the new optimizer state and the per-step KL values.
   """
-  config = nets.config
-  optimizer = distillation_optimizer(config)
   variables = (nets.generator.trainable_variables +
                nets.classifier.trainable_variables)
-  bs = config.batch_size
-  steps = tf.shape(labels)[0] // bs
-  kls = tf.TensorArray(tf.float32, size=steps)
-  for i in tf.range(steps):
-    z = noise[i * bs:(i + 1) * bs]
-    y = labels[i * bs:(i + 1) * bs]
-    t = teacher_logits[i * bs:(i + 1) * bs]
-    with tf.GradientTape() as tape:
-      student = nets.classifier(nets.generator([z, y], training=True),
-                                training=True)
-      kl = kl_divergence(t, student)
-    optimizer_state = _apply(optimizer, optimizer_state, variables,
-                             tape.gradient(kl, variables))
-    kls = kls.write(i, kl)
-  return optimizer_state, kls.stack()
+  student = lambda z, y: nets.classifier(nets.generator([z, y], training=True),
+                                         training=True)
+  return training_tf.distill(nets, optimizer_state, variables, student,
+                             (noise, labels), teacher_logits)
 
 
 @tf.function
@@ -477,11 +322,7 @@ def server_update(nets: Networks, state: ServerState, aggregator_state,
       aggregator_state=aggregator_state,
       round_num=state.round_num + 1,
   )
-  has_steps = tf.size(kls) > 0
-  pick = lambda i: tf.cond(has_steps, lambda: kls[i], lambda: 0.0)
-  metrics = ServerMetrics(
-      distill_kl=tf.cond(has_steps, lambda: tf.reduce_mean(kls), lambda: 0.0),
-      distill_kl_first=pick(0),
-      distill_kl_last=pick(-1),
-  )
+  mean, first, last = training_tf.loss_summary(kls)
+  metrics = ServerMetrics(distill_kl=mean, distill_kl_first=first,
+                          distill_kl_last=last)
   return new_state, metrics

@@ -13,6 +13,7 @@ thread that started it dies.
 """
 
 import atexit
+import gc
 import ctypes
 import os
 import signal
@@ -109,9 +110,26 @@ def _exit_on_signal(signum, frame):
   sys.exit(128 + signum)
 
 
+def _shutdown_at_exit() -> None:
+  """Stops the workers, then switches off TFF's own cleanup of them.
+
+  TFF's worker handle (`ServiceManager`) stops its worker in `__del__`, which
+  at interpreter teardown runs after module globals are cleared and fails
+  noisily (`'NoneType' object has no attribute 'Popen'`). The workers are
+  gone by then, so that `__del__` is switched off here.
+  """
+  shutdown_workers()
+  if 'tensorflow_federated' not in sys.modules:
+    return
+  for obj in gc.get_objects():
+    cls = type(obj)
+    if cls.__name__ == 'ServiceManager' and '__del__' in cls.__dict__:
+      cls.__del__ = lambda self: None
+
+
 def install_handlers() -> None:
   """Stop workers at exit and turn SIGTERM/SIGHUP into a clean exit."""
-  atexit.register(shutdown_workers)
+  atexit.register(_shutdown_at_exit)
   if threading.current_thread() is not threading.main_thread():
     return  # Signal handlers can only be set from the main thread.
   for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -16,6 +16,8 @@ from tasks import image_task
 DEBIAN_DIR = '/usr/share/datasets/fashion-mnist'
 MEAN, STD = (0.5,), (0.5,)
 NUM_CLASSES = 10
+# FedDF's unlabeled server images in the spec's FMNIST protocol.
+SERVER_SIZE = 32_000
 _FILES = {
     'train_images': 'train-images-idx3-ubyte',
     'train_labels': 'train-labels-idx1-ubyte',
@@ -87,8 +89,11 @@ def build_task(num_clients: int = 4,
                train_per_client: int = 2000,
                seed: int = 1,
                source: str = 'idx',
-               data_dir: str | None = None) -> image_task.FederatedImageTask:
-  """The FMNIST task: same seed, same partition."""
+               data_dir: str | None = None,
+               server_size: int = 0) -> image_task.FederatedImageTask:
+  """The FMNIST task: same seed, same partition. `server_size` unlabeled
+  training images, disjoint from the clients', go to the server (FedDF's
+  data; the spec's protocol uses 32 000)."""
   if source == 'idx':
     train, test = load_idx(data_dir or DEBIAN_DIR)
   elif source == 'tfds':
@@ -96,12 +101,14 @@ def build_task(num_clients: int = 4,
   else:
     raise ValueError(f"source must be 'idx' or 'tfds', got {source!r}")
   rng = np.random.default_rng(seed)
-  splits = image_task.iid_split(train, test, num_clients, train_per_client,
-                                rng)
+  splits, server = image_task.iid_split(train, test, num_clients,
+                                        train_per_client, rng, server_size)
   prep = lambda xy: (image_task.preprocess(xy[0], MEAN, STD), xy[1])
   clients = tuple(
       image_task.ClientSplit(prep(s.train), prep(s.val), prep(s.test))
       for s in splits)
   return image_task.FederatedImageTask(
       name='fmnist', clients=clients, num_classes=NUM_CLASSES, channels=1,
-      seed=seed)
+      seed=seed,
+      server_images=(image_task.preprocess(server, MEAN, STD)
+                     if server_size else None))

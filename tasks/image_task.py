@@ -29,6 +29,9 @@ class FederatedImageTask:
   num_classes: int
   channels: int
   seed: int
+  # Unlabeled server images (float32 NHWC, preprocessed) for FedDF's
+  # distillation, disjoint from every client's data; None if not drawn.
+  server_images: np.ndarray | None = None
 
   @property
   def num_clients(self) -> int:
@@ -100,26 +103,32 @@ def iid_split(train: tuple[np.ndarray, np.ndarray],
               test: tuple[np.ndarray, np.ndarray],
               num_clients: int,
               train_per_client: int,
-              rng: np.random.Generator) -> list[ClientSplit]:
-  """The spec's IID protocol.
+              rng: np.random.Generator,
+              server_size: int = 0) -> tuple[list[ClientSplit], np.ndarray]:
+  """The spec's IID protocol, plus FedDF's unlabeled server data.
 
   Each client gets `train_per_client` training examples drawn at random
   (disjoint between clients); the test split is shuffled and cut into
   `2 * num_clients` equal parts: client i validates on part i and tests on
-  part `num_clients + i`.
+  part `num_clients + i`. The next `server_size` examples of the same
+  random order of the training split (so disjoint from every client's) are
+  returned as the server's images, without labels.
   """
   x_train, y_train = train
   x_test, y_test = test
   needed = num_clients * train_per_client
-  if needed > len(y_train):
+  if needed + server_size > len(y_train):
     raise ValueError(
-        f'{num_clients} clients x {train_per_client} training examples need '
-        f'{needed}, but the training split has {len(y_train)}')
+        f'{num_clients} clients x {train_per_client} training examples'
+        f'{f" + {server_size} server examples" if server_size else ""} need '
+        f'{needed + server_size}, but the training split has {len(y_train)}')
   parts = 2 * num_clients
   if len(y_test) < parts:
     raise ValueError(f'the test split has {len(y_test)} examples, fewer than '
                      f'the {parts} validation/test parts')
-  order = rng.permutation(len(y_train))[:needed]
+  permutation = rng.permutation(len(y_train))
+  order = permutation[:needed]
+  server = permutation[needed:needed + server_size]
   test_order = rng.permutation(len(y_test))
   part = len(y_test) // parts
   clients = []
@@ -131,4 +140,4 @@ def iid_split(train: tuple[np.ndarray, np.ndarray],
         train=(x_train[tr], y_train[tr].astype(np.int32)),
         val=(x_test[va], y_test[va].astype(np.int32)),
         test=(x_test[te], y_test[te].astype(np.int32))))
-  return clients
+  return clients, x_train[server]

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from fedcg_tff import fedcg_tf
 from fedcg_tff import networks
+from fedcg_tff import training_tf
 from fedcg_tff.config import FedCGConfig
 
 TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
@@ -162,8 +163,8 @@ def test_stage2_generator_step_raises_discriminator_score():
       seed, round_num))()
   g_after = [v.numpy().copy() for v in nets.generator.weights]
   d_after = [v.numpy().copy() for v in nets.discriminator.weights]
-  z = fedcg_tf._noise(seed, fedcg_tf._NOISE_STREAM_GAN, round_num, 0,  # pylint: disable=protected-access
-                      [8, config.noise_dim])
+  z = training_tf.noise(seed, training_tf.NOISE_STREAM_GAN, round_num, 0,
+                        [8, config.noise_dim])
 
   def score(g_weights):
     nets.generator.set_weights(g_weights)
@@ -184,7 +185,7 @@ def test_distillation_lowers_kl_on_fixed_noise():
 
   def kl():
     student = nets.classifier(nets.generator([z, y], training=False))
-    return float(fedcg_tf.kl_divergence(teacher, student))
+    return float(training_tf.kl_divergence(teacher, student))
 
   state = fedcg_tf.initial_server_state(config, ())
   before = kl()
@@ -203,9 +204,9 @@ def test_kl_divergence_matches_definition():
   s = tf.constant([[0.0, 1.0, 1.0]])
   p = tf.nn.softmax(t).numpy()[0]
   q = tf.nn.softmax(s).numpy()[0]
-  assert float(fedcg_tf.kl_divergence(t, s)) == pytest.approx(
+  assert float(training_tf.kl_divergence(t, s)) == pytest.approx(
       float(np.sum(p * np.log(p / q))), rel=1e-5)
-  assert float(fedcg_tf.kl_divergence(t, t)) == pytest.approx(0.0, abs=1e-6)
+  assert float(training_tf.kl_divergence(t, t)) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_distillation_inputs_seeded_by_round():
@@ -221,13 +222,14 @@ def test_distillation_inputs_seeded_by_round():
   assert set(np.unique(labels.numpy())) == set(range(10))
 
 
-def test_ensemble_logits_chunks_match_one_pass():
+def test_chunked_logits_match_one_pass():
   nets = _nets(TINY)
   z = tf.random.normal([10, 100], seed=6)
   y = tf.constant(np.arange(10), tf.int32)
   full = nets.classifier(nets.generator([z, y], training=False))
-  chunked = fedcg_tf.ensemble_logits(nets.generator, nets.classifier, z, y,
-                                     chunk=3)
+  chunked = training_tf.chunked_logits(
+      lambda z, y: nets.classifier(nets.generator([z, y], training=False)),
+      (z, y), 10, chunk=3)
   np.testing.assert_allclose(chunked.numpy(), full.numpy(), atol=1e-5)
 
 

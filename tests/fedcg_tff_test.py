@@ -10,67 +10,20 @@ import tensorflow_federated as tff
 from fedcg_tff import experiment
 from fedcg_tff import fedcg_tf
 from fedcg_tff import fedcg_tff as fedcg
+from fedcg_tff import process_tff
 from fedcg_tff.config import FedCGConfig
+from tests.placement import EXTRACTOR_KERNEL_SHAPES
+from tests.placement import crossings as _crossings
+from tests.placement import leaks as _leaks
+from tests.placement import tensor_shapes as _tensor_shapes
 
 TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
                    server_epochs=1, server_steps_per_epoch=3)
-# The extractor's weight shapes (5x5 kernels, biases of 6 and 16): no other
-# network, nor anything else a round broadcasts or aggregates, has them.
-EXTRACTOR_KERNEL_SHAPES = {(5, 5, 1, 6), (6,), (5, 5, 6, 16), (16,)}
-
-
 def _client_data(n, seed):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(n, 32, 32, 1)).astype(np.float32)
   y = rng.integers(0, 10, n).astype(np.int32)
   return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-
-
-def _tensor_shapes(type_spec):
-  """Every tensor shape inside a TFF type."""
-  if isinstance(type_spec, tff.TensorType):
-    return [tuple(type_spec.shape)]
-  if isinstance(type_spec, tff.StructType):
-    return [s for t in type_spec for s in _tensor_shapes(t)]
-  if isinstance(type_spec, tff.FederatedType):
-    return _tensor_shapes(type_spec.member)
-  if isinstance(type_spec, tff.SequenceType):
-    return _tensor_shapes(type_spec.element)
-  if isinstance(type_spec, tff.FunctionType):
-    return ((_tensor_shapes(type_spec.parameter) if type_spec.parameter
-             else []) + _tensor_shapes(type_spec.result))
-  return []
-
-
-def _placements(type_spec):
-  if isinstance(type_spec, tff.FederatedType):
-    return {type_spec.placement}
-  if isinstance(type_spec, tff.StructType):
-    return set().union(*[_placements(t) for t in type_spec])
-  return set()
-
-
-def _crossings(comp):
-  """(intrinsic uri, parameter type) of every intrinsic in `comp` that moves
-  values from one placement to another (broadcasts and aggregations)."""
-  found = []
-
-  def visit(node):
-    if isinstance(node, tff.framework.Intrinsic):
-      fn_type = node.type_signature
-      src = _placements(fn_type.parameter) if fn_type.parameter else set()
-      dst = _placements(fn_type.result)
-      if src and dst and src != dst:
-        found.append((node.uri, fn_type.parameter))
-    return node, False
-
-  tff.framework.transform_postorder(comp.to_building_block(), visit)
-  return found
-
-
-def _leaks(comp):
-  return [uri for uri, t in _crossings(comp)
-          if EXTRACTOR_KERNEL_SHAPES & set(_tensor_shapes(t))]
 
 
 @pytest.fixture(scope='module')
@@ -80,7 +33,13 @@ def process():
 
 @pytest.fixture(scope='module')
 def init_clients():
-  return fedcg.build_client_state_initializer(TINY)
+  return process_tff.build_client_state_initializer(
+      fedcg.init_client_computation(TINY))
+
+
+def _evaluation():
+  return process_tff.build_evaluation(
+      TINY, fedcg.init_client_computation(TINY).type_signature.result)
 
 
 def test_no_extractor_crosses_a_placement(process, init_clients):
@@ -92,8 +51,7 @@ def test_no_extractor_crosses_a_placement(process, init_clients):
                  'federated_aggregate'}
   # ... and none of them carries an extractor kernel.
   assert _leaks(process.next) == []
-  for comp in (process.initialize, init_clients,
-               fedcg.build_evaluation(TINY)):
+  for comp in (process.initialize, init_clients, _evaluation()):
     assert _leaks(comp) == []
   # The server state never holds one either; the client state does, at
   # CLIENTS only (so the shape check above is looking for the right thing).
@@ -202,7 +160,7 @@ def test_two_rounds_end_to_end(process, init_clients):
                          client_states[1].extractor[0])
   assert int(server_state.optimizer_state['step']) == 2 * TINY.distill_steps
 
-  evaluate = fedcg.build_evaluation(TINY)
+  evaluate = _evaluation()
   results = evaluate(client_states, [_client_data(20, 7)] * 3,
                      [_client_data(12, 8)] * 3)
   assert len(results) == 3

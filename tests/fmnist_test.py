@@ -63,6 +63,24 @@ def test_build_task_follows_protocol(tmp_path):
                             task.clients[2].train[0])
 
 
+def test_server_images_are_a_disjoint_slice(tmp_path):
+  fake_data.write_fake_fmnist(str(tmp_path))
+  plain = fmnist.build_task(4, 20, seed=3, data_dir=str(tmp_path))
+  assert plain.server_images is None
+  task = fmnist.build_task(4, 20, seed=3, data_dir=str(tmp_path),
+                           server_size=15)
+  assert task.server_images.shape == (15, 32, 32, 1)
+  assert task.server_images.dtype == np.float32
+  server = {a.tobytes() for a in task.server_images}
+  assert len(server) == 15
+  for c in task.clients:
+    assert not server & {a.tobytes() for a in c.train[0]}
+  # Drawing server images leaves the clients' partition as it was.
+  for a, b in zip(plain.clients, task.clients):
+    np.testing.assert_array_equal(a.train[0], b.train[0])
+    np.testing.assert_array_equal(a.test[1], b.test[1])
+
+
 def test_build_task_rejects_impossible_split(tmp_path):
   fake_data.write_fake_fmnist(str(tmp_path))
   with pytest.raises(ValueError, match='need 500'):

@@ -26,6 +26,10 @@ def _run(args, timeout=600):
     ('--gan_beta1=1.5', '--gan_beta1 must be in [0, 1)'),
     ('--rounds=0', '--rounds must be >= 1'),
     ('--distance=l1', "flag --distance=l1"),
+    ('--algorithm=fedsgd', "flag --algorithm=fedsgd"),
+    ('--prox_mu=-0.1', '--prox_mu must be >= 0'),
+    ('--server_data_size=100', '--server_data_size is only used by '
+     '--algorithm=feddf'),
 ])
 def test_invalid_flag_fails_at_start_naming_it(tmp_path, flag, message):
   rc, _, err = _run([f'--output_dir={tmp_path / "out"}', flag], timeout=60)
@@ -72,6 +76,35 @@ def test_tiny_run_end_to_end(tmp_path):
   assert len(rows) == 3
   assert any(f.startswith('events.out.tfevents')
              for f in os.listdir(out / 'tensorboard'))
+
+
+def test_algorithm_flag_lists_every_registered_algorithm():
+  from binaries import run_fedcg  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
+  assert run_fedcg.ALGORITHMS == algorithms.ALGORITHMS
+
+
+def test_feddf_run_uses_disjoint_server_data(tmp_path):
+  data = tmp_path / 'idx'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
+  rc, _, err = _run([
+      f'--output_dir={tmp_path / "big"}', f'--data_dir={data}',
+      '--algorithm=feddf', '--num_clients=2', '--train_per_client=16',
+      '--server_data_size=40'], timeout=120)
+  assert rc != 0 and '+ 40 server examples need 72' in err  # Only 64.
+  out = tmp_path / 'out'
+  rc, stdout, err = _run([
+      f'--output_dir={out}', f'--data_dir={data}', '--algorithm=feddf',
+      '--num_clients=2', '--train_per_client=16', '--server_data_size=20',
+      '--rounds=1', '--local_epochs=1', '--server_epochs=1',
+      '--server_steps_per_epoch=2'])
+  assert rc == 0, err[-3000:]
+  assert '20 unlabeled server images' in stdout
+  results = json.loads((out / 'results.json').read_text())
+  assert results['algorithm'] == 'feddf' and results['rounds_run'] == 1
+  header = (out / 'metrics.csv').read_text().splitlines()[0].split(',')
+  assert 'server/server_loss' in header
 
 
 if __name__ == '__main__':

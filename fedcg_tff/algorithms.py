@@ -1,0 +1,35 @@
+"""Every algorithm of the paper's Table 1 by name: one place to build them."""
+
+from typing import Optional
+
+import numpy as np
+
+from fedcg_tff import baselines_tff
+from fedcg_tff import fedcg_tff
+from fedcg_tff import process_tff
+from fedcg_tff.config import FedCGConfig
+
+ALGORITHMS = (*baselines_tff.ALGORITHMS, 'fedcg')
+
+
+def needs_server_images(algorithm: str) -> bool:
+  """Whether `algorithm` distils on unlabeled server data (FedDF)."""
+  return algorithm == 'feddf'
+
+
+def build(algorithm: str,
+          config: FedCGConfig,
+          num_clients: int,
+          server_images: Optional[np.ndarray] = None,
+          aggregation_factory=None,
+          server_images_dir: Optional[str] = None
+          ) -> process_tff.ProcessAlgorithm:
+  """The driver of `algorithm` for `experiment.run`."""
+  if algorithm not in ALGORITHMS:
+    raise ValueError(f'algorithm must be one of {ALGORITHMS}, '
+                     f'got {algorithm!r}')
+  if algorithm == 'fedcg':
+    return fedcg_tff.FedCGAlgorithm(config, num_clients, aggregation_factory)
+  return baselines_tff.BaselineAlgorithm(
+      config, algorithm, num_clients, aggregation_factory,
+      server_images=server_images, server_images_dir=server_images_dir)

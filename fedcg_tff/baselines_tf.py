@@ -1,0 +1,371 @@
+"""The paper's baselines in plain TensorFlow (FEDCG_SPEC.md, Baselines).
+
+Every baseline trains the same split networks with the same supervised loop
+(`training_tf.train_classifier`); they differ in what is shared and in a few
+terms, which one `Baseline` value describes at trace time:
+
+  local     nothing is shared.
+  fedavg    E and C: the server takes their weighted mean.
+  fedprox   as fedavg, plus (mu/2)·||w − w_global||² in the local loss.
+  fedsplit  C only; E stays in the client state.
+  feddf     as fedavg, then the server distils the weighted ensemble of the
+            clients' (E_i, C_i) into the mean model on unlabeled server data.
+  fedgen    C only (E stays private), plus a server generator G(z, y) of
+            features: the server trains G so that the weighted ensemble of the
+            clients' C_i labels G(z, y) as y (CE) with a diversity term; the
+            clients add CE(C(G(z, y)), y) to their loss.
+
+Each client keeps (E_i, C_i) after its local training: that personalised pair
+is what the evaluation scores, as for FedCG.
+"""
+
+import dataclasses
+from typing import Any
+
+import attrs
+import tensorflow as tf
+
+from fedcg_tff import networks
+from fedcg_tff import training_tf
+from fedcg_tff.config import FedCGConfig
+from fedcg_tff.training_tf import Networks
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+  """What makes an algorithm this baseline; fixed when the graph is traced.
+
+  (A dataclass, not attrs: `tf.function` would flatten an attrs instance as a
+  structure of values, while this must stay one hashable Python constant.)
+  """
+  name: str
+  shared: tuple[str, ...]  # Networks the server averages and broadcasts.
+  proximal: bool = False  # FedProx's term towards the broadcast weights.
+  server_distillation: bool = False  # FedDF: distil on server data.
+  server_generator: bool = False  # FedGen: server-trained feature generator.
+
+  @property
+  def communicates(self) -> bool:
+    return bool(self.shared)
+
+  @property
+  def collects_client_models(self) -> bool:
+    """Whether the server needs each client's shared networks, not only
+    their mean (to form the ensemble of FedDF and FedGen)."""
+    return self.server_distillation or self.server_generator
+
+
+_EC = ('extractor', 'classifier')
+BASELINES = {
+    'local': Baseline('local', ()),
+    'fedavg': Baseline('fedavg', _EC),
+    'fedprox': Baseline('fedprox', _EC, proximal=True),
+    'fedsplit': Baseline('fedsplit', ('classifier',)),
+    'feddf': Baseline('feddf', _EC, server_distillation=True),
+    'fedgen': Baseline('fedgen', ('classifier',), server_generator=True),
+}
+
+
+# ---------------------------------------------------------------------------
+# Structures.
+
+
+@attrs.define(frozen=True)
+class ServerState:
+  shared: Any  # dict: name -> global weights of each shared network.
+  generator: Any  # FedGen's G; () otherwise.
+  optimizer_state: Any  # Server Adam (FedDF: over E, C; FedGen: G); or ().
+  aggregator_state: Any
+  round_num: Any  # int32: the round about to run (0-based).
+
+
+@attrs.define(frozen=True)
+class ClientState:
+  """What a client keeps between rounds."""
+  extractor: Any  # E_i after local training (private unless shared).
+  classifier: Any  # C_i after local training.
+  optimizer: Any  # State of the E+C optimizer (persists, as in FedCG).
+  seed: Any  # int64: keys the client's noise draws (FedGen).
+
+
+@attrs.define(frozen=True)
+class ServerMessage:
+  shared: Any  # dict: name -> global weights.
+  generator: Any  # FedGen's G; () otherwise.
+  round_num: Any
+
+
+@attrs.define(frozen=True)
+class ClientMetrics:
+  num_examples: Any
+  cls_loss: Any
+  extra_loss: Any  # FedProx: the proximal term; FedGen: CE on G's features.
+
+
+@attrs.define(frozen=True)
+class ClientOutput:
+  state: ClientState
+  upload: Any  # dict: name -> the client's weights of each shared network.
+  weight: Any  # n_i, float32.
+  metrics: ClientMetrics
+
+
+@attrs.define(frozen=True)
+class ServerMetrics:
+  """FedDF: KL of its distillation; FedGen: ensemble CE of its generator
+  training (and the diversity term); zeros for the other baselines."""
+  server_loss: Any
+  server_loss_first: Any
+  server_loss_last: Any
+  diversity: Any
+
+
+def _zero_server_metrics():
+  return ServerMetrics(*([tf.constant(0.0)] * 4))
+
+
+# ---------------------------------------------------------------------------
+# Initial states.
+
+
+def _server_trainables(nets: Networks, baseline: Baseline):
+  if baseline.server_distillation:
+    return (nets.extractor.trainable_weights +
+            nets.classifier.trainable_weights)
+  if baseline.server_generator:
+    return nets.generator.trainable_weights
+  return None
+
+
+def initial_server_state(config: FedCGConfig, baseline: Baseline,
+                         aggregator_state) -> ServerState:
+  """Global networks drawn from `config.seed`, round 0."""
+  nets = Networks(config)
+  seed = tf.constant(config.seed, tf.int64)
+  trainables = _server_trainables(nets, baseline)
+  return ServerState(
+      shared={name: networks.sample_initial_weights(nets.model(name), seed)
+              for name in baseline.shared},
+      generator=(networks.sample_initial_weights(nets.generator, seed)
+                 if baseline.server_generator else ()),
+      optimizer_state=(() if trainables is None else
+                       training_tf.initial_optimizer_state(
+                           training_tf.server_optimizer(config), trainables)),
+      aggregator_state=aggregator_state,
+      round_num=tf.constant(0, tf.int32),
+  )
+
+
+def initial_client_state(config: FedCGConfig, seed) -> ClientState:
+  """A client's E, C and optimizer state, drawn from `seed` (int64)."""
+  nets = Networks(config)
+  seed = tf.cast(seed, tf.int64)
+  return ClientState(
+      extractor=networks.sample_initial_weights(nets.extractor, seed),
+      classifier=networks.sample_initial_weights(nets.classifier, seed),
+      optimizer=training_tf.initial_optimizer_state(
+          training_tf.classification_optimizer(config),
+          nets.extractor.trainable_weights +
+          nets.classifier.trainable_weights),
+      seed=seed,
+  )
+
+
+# ---------------------------------------------------------------------------
+# Client update.
+
+
+def proximal_term(variables, reference):
+  """(1/2)·||w − w_global||² over `variables`; its gradient is w − w_global,
+  the term `tff.learning`'s FedProx adds (times mu) to the gradient."""
+  return 0.5 * tf.add_n([tf.reduce_sum(tf.square(v - r))
+                         for v, r in zip(variables, reference)])
+
+
+@tf.function
+def client_update(nets: Networks, baseline: Baseline, message: ServerMessage,
+                  state: ClientState, dataset) -> ClientOutput:
+  """One local round: take the broadcast networks, train E and C, upload.
+
+  `message` is None for Local (nothing is broadcast).
+  """
+  config = nets.config
+  networks.assign_weights(nets.extractor, state.extractor)
+  networks.assign_weights(nets.classifier, state.classifier)
+  round_num = tf.constant(0, tf.int32)
+  if message is not None:
+    round_num = message.round_num
+    for name in baseline.shared:
+      networks.assign_weights(nets.model(name), message.shared[name])
+    if baseline.server_generator:
+      networks.assign_weights(nets.generator, message.generator)
+
+  extra_loss, extra_weight = None, 1.0
+  if baseline.proximal:
+    shared_vars = [v for name in baseline.shared
+                   for v in nets.model(name).trainable_variables]
+    reference = [tf.identity(v) for v in shared_vars]
+    extra_loss = lambda *_: proximal_term(shared_vars, reference)
+    extra_weight = config.prox_mu
+  elif baseline.server_generator:
+
+    def extra_loss(features, labels, step):
+      """CE(C(G(z, y)), y) on generated features; G is frozen."""
+      del features
+      batch = tf.shape(labels)[0]
+      key = (state.seed, training_tf.NOISE_STREAM_GENERATED, round_num, step)
+      z = training_tf.noise(*key, [batch, config.noise_dim])
+      y = training_tf.uniform_labels(*key, batch, config.num_classes)
+      generated = tf.stop_gradient(nets.generator([z, y], training=False))
+      return training_tf.cross_entropy(
+          y, nets.classifier(generated, training=True))
+
+  num_examples = training_tf.count_examples(dataset)
+  optimizer, cls_loss, extra = training_tf.train_classifier(
+      nets, state.optimizer, dataset, config.local_epochs, extra_loss,
+      extra_weight)
+  new_state = ClientState(
+      extractor=networks.weight_values(nets.extractor),
+      classifier=networks.weight_values(nets.classifier),
+      optimizer=optimizer,
+      seed=state.seed)
+  upload = {name: getattr(new_state, name) for name in baseline.shared}
+  return ClientOutput(
+      state=new_state, upload=upload,
+      weight=tf.cast(num_examples, tf.float32),
+      metrics=ClientMetrics(num_examples=num_examples, cls_loss=cls_loss,
+                            extra_loss=extra))
+
+
+# ---------------------------------------------------------------------------
+# Server update.
+
+
+def server_data_indices(config: FedCGConfig, round_num, num_images):
+  """Which server images FedDF distils on this round, in step order:
+  `distill_samples` indices from seeded permutations of the server data
+  (a fresh permutation per pass when the server data is smaller)."""
+  num_images = tf.cast(num_images, tf.int32)
+  passes = (config.distill_samples + num_images - 1) // num_images
+  seed = tf.stack([tf.constant(config.seed, tf.int64),
+                   tf.cast(round_num, tf.int64) + (1 << 32)])
+  keys = tf.random.stateless_uniform(tf.stack([passes, num_images]), seed)
+  order = tf.reshape(tf.argsort(keys, axis=1), [-1])
+  return order[:config.distill_samples]
+
+
+def feddf_teacher(nets: Networks, collected, weights, images):
+  """Σ_i w_i C_i(E_i(x)) on `images`, w_i = n_i / Σ n (inference mode)."""
+  w = training_tf.normalized_weights(weights)
+  num_classes = nets.config.num_classes
+  logits_fn = lambda x: nets.classifier(nets.extractor(x, training=False),
+                                        training=False)
+  teacher = tf.zeros([tf.shape(images)[0], num_classes])
+  for i in tf.range(tf.shape(w)[0]):
+    member = training_tf.member(collected, i)
+    networks.assign_weights(nets.extractor, member['extractor'])
+    networks.assign_weights(nets.classifier, member['classifier'])
+    teacher += w[i] * training_tf.chunked_logits(logits_fn, (images,),
+                                                 num_classes)
+  return teacher
+
+
+def diversity_loss(features, noise):
+  """FedGen's diversity term for two halves of a batch drawn with the same
+  labels: 1 / (mean|G(z1) − G(z2)| / mean|z1 − z2| + 1e-5)."""
+  f1, f2 = tf.split(features, 2)
+  z1, z2 = tf.split(noise, 2)
+  ratio = (tf.reduce_mean(tf.abs(f1 - f2)) /
+           tf.reduce_mean(tf.abs(z1 - z2)))
+  return 1.0 / (ratio + 1e-5)
+
+
+def ensemble_logits(nets: Networks, classifiers, weights, features):
+  """Σ_i w_i C_i(features): the clients' classifiers loaded in turn into
+  `nets.classifier` (differentiable in `features`)."""
+  logits = tf.zeros([tf.shape(features)[0], nets.config.num_classes])
+  for i in tf.range(tf.shape(weights)[0]):
+    networks.assign_weights(nets.classifier, training_tf.member(classifiers, i))
+    logits += weights[i] * nets.classifier(features, training=False)
+  return logits
+
+
+def train_generator(nets: Networks, optimizer_state, classifiers, weights,
+                    round_num):
+  """FedGen's server step: `distill_steps` Adam steps of G on
+  CE(Σ_i w_i C_i(G(z, y)), y) + diversity_weight · diversity.
+
+  Returns the new optimizer state, the per-step CE and the mean diversity.
+  """
+  config = nets.config
+  optimizer = training_tf.server_optimizer(config)
+  w = training_tf.normalized_weights(weights)
+  variables = nets.generator.trainable_variables
+  bs = config.batch_size
+  seed = tf.constant(config.seed, tf.int64)
+  ces = tf.TensorArray(tf.float32, size=config.distill_steps)
+  diversity_sum = tf.constant(0.0)
+  for step in tf.range(config.distill_steps):
+    key = (seed, training_tf.NOISE_STREAM_GENERATED, round_num, step)
+    y = training_tf.uniform_labels(*key, bs, config.num_classes)
+    z = training_tf.noise(*key, [2 * bs, config.noise_dim])
+    with tf.GradientTape() as tape:
+      features = nets.generator([z, tf.concat([y, y], 0)], training=True)
+      ce = training_tf.cross_entropy(
+          y, ensemble_logits(nets, classifiers, w, features[:bs]))
+      diversity = diversity_loss(features, z)
+      loss = ce + config.diversity_weight * diversity
+    optimizer_state = training_tf.apply_gradients(
+        optimizer, optimizer_state, variables, tape.gradient(loss, variables))
+    ces = ces.write(step, ce)
+    diversity_sum += diversity
+  mean_diversity = diversity_sum / tf.maximum(
+      tf.cast(config.distill_steps, tf.float32), 1.0)
+  return optimizer_state, ces.stack(), mean_diversity
+
+
+@tf.function
+def server_update(nets: Networks, baseline: Baseline, state: ServerState,
+                  aggregator_state, averaged, collected=None, weights=None,
+                  server_images=None):
+  """The new global networks: the weighted mean `averaged`, then FedDF's
+  distillation or FedGen's generator training when the baseline has one.
+
+  `collected` / `weights`: each client's upload stacked on a leading client
+  axis, and the clients' n_i (FedDF, FedGen). `server_images`: FedDF's
+  unlabeled server data.
+  """
+  config = nets.config
+  shared = averaged
+  generator = state.generator
+  optimizer_state = state.optimizer_state
+  metrics = _zero_server_metrics()
+  if baseline.server_distillation:
+    indices = server_data_indices(config, state.round_num,
+                                  tf.shape(server_images)[0])
+    images = tf.gather(server_images, indices)
+    teacher = feddf_teacher(nets, collected, weights, images)
+    networks.assign_weights(nets.extractor, averaged['extractor'])
+    networks.assign_weights(nets.classifier, averaged['classifier'])
+    student = lambda x: nets.classifier(nets.extractor(x, training=True),
+                                        training=True)
+    optimizer_state, kls = training_tf.distill(
+        nets, optimizer_state, _server_trainables(nets, baseline), student,
+        (images,), teacher)
+    shared = {'extractor': networks.weight_values(nets.extractor),
+              'classifier': networks.weight_values(nets.classifier)}
+    metrics = ServerMetrics(*training_tf.loss_summary(kls),
+                            diversity=tf.constant(0.0))
+  elif baseline.server_generator:
+    networks.assign_weights(nets.generator, state.generator)
+    optimizer_state, ces, diversity = train_generator(
+        nets, optimizer_state, collected['classifier'], weights,
+        state.round_num)
+    generator = networks.weight_values(nets.generator)
+    metrics = ServerMetrics(*training_tf.loss_summary(ces),
+                            diversity=diversity)
+  new_state = ServerState(shared=shared, generator=generator,
+                          optimizer_state=optimizer_state,
+                          aggregator_state=aggregator_state,
+                          round_num=state.round_num + 1)
+  return new_state, metrics

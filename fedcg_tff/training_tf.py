@@ -1,0 +1,285 @@
+"""Plain-TensorFlow training pieces shared by FedCG and every baseline.
+
+Nothing here knows about TFF. Networks travel as tuples of tensors
+(`networks.weight_values`); a function that trains assigns the incoming
+values to Keras models, trains them and reads the results back, all inside
+one `tf.function`, so automatic control dependencies order the assignments,
+updates and reads even inside the graph-mode context of a TFF computation.
+
+Optimizers are `tff.learning.optimizers` (functional Adam or SGD): their state
+is a plain structure of tensors, so a client's optimizer state can persist in
+its CLIENTS-placed state from round to round.
+"""
+
+from typing import Any, Callable, Optional
+
+import attrs
+import tensorflow as tf
+from tensorflow_federated.python.learning.optimizers import adam
+from tensorflow_federated.python.learning.optimizers import sgdm
+
+from fedcg_tff import networks
+from fedcg_tff.config import FedCGConfig
+
+
+@attrs.define(frozen=True)
+class EvalMetrics:
+  val_accuracy: Any
+  test_accuracy: Any
+
+
+class Networks:
+  """The Keras networks of one party, built once per graph."""
+
+  def __init__(self, config: FedCGConfig):
+    self.config = config
+    self.extractor = networks.build_extractor(config.image_channels)
+    self.classifier = networks.build_classifier(config.num_classes)
+    self.generator = networks.build_generator(config.num_classes,
+                                              config.noise_dim)
+    self.discriminator = networks.build_discriminator(config.num_classes)
+
+  def model(self, name: str) -> tf.keras.Model:
+    """The network called `name`: extractor, classifier, generator, ..."""
+    return getattr(self, name)
+
+
+# ---------------------------------------------------------------------------
+# Optimizers.
+
+
+def classification_optimizer(config: FedCGConfig):
+  """The client optimizer of E and C: Adam (published code) or plain SGD
+  (what `tff.learning`'s FedAvg runs, used by the oracle tests)."""
+  if config.client_optimizer == 'sgd':
+    return sgdm.build_sgdm(config.lr)
+  return adam.build_adam(config.lr, config.beta1, config.beta2,
+                         config.adam_epsilon)
+
+
+def gan_optimizer(config: FedCGConfig):
+  return adam.build_adam(config.lr, config.gan_beta1, config.gan_beta2,
+                         config.adam_epsilon)
+
+
+def server_optimizer(config: FedCGConfig):
+  """Adam of the server's training steps (distillation, FedGen's generator)."""
+  return adam.build_adam(config.lr, config.beta1, config.beta2,
+                         config.adam_epsilon)
+
+
+def initial_optimizer_state(optimizer, variables):
+  """`optimizer.initialize` for `variables`, with every leaf a tensor (so the
+  state keeps one structure and dtype as an AutoGraph loop variable)."""
+  specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)
+  return tf.nest.map_structure(tf.convert_to_tensor, optimizer.initialize(specs))
+
+
+def apply_gradients(optimizer, state, variables, gradients, weight_decay=0.0):
+  """One functional optimizer step on `variables`; returns the new state.
+
+  `weight_decay` is added to the gradient as L2 (`g + wd * w`), which is what
+  PyTorch's `Adam(weight_decay=...)` in the published code does.
+  """
+  weights = tuple(tf.identity(v) for v in variables)
+  if weight_decay:
+    gradients = tuple(g + weight_decay * w for g, w in zip(gradients, weights))
+  state, new_weights = optimizer.next(state, weights, tuple(gradients))
+  for v, w in zip(variables, new_weights):
+    v.assign(w)
+  return state
+
+
+# ---------------------------------------------------------------------------
+# Noise, losses.
+
+# Streams of `noise`: each use of random numbers gets its own.
+NOISE_STREAM_CLS = 1  # FedCG stage 1: z for G(z, y).
+NOISE_STREAM_GAN = 2  # FedCG stage 2.
+NOISE_STREAM_GENERATED = 3  # FedGen client: (z, y) for CE(C(G(z, y)), y).
+
+
+def noise(seed, stream, round_num, step, shape):
+  """Stateless N(0, 1) noise keyed by (client seed, stream, round, step)."""
+  return tf.random.stateless_normal(
+      shape, tf.stack([tf.cast(seed, tf.int64),
+                       _stream_key(stream, round_num, step)]))
+
+
+def uniform_labels(seed, stream, round_num, step, size, num_classes):
+  """Stateless uniform class labels keyed like `noise` (a disjoint key)."""
+  key = _stream_key(stream, round_num, step) + (1 << 62)
+  return tf.random.stateless_uniform(
+      [size], tf.stack([tf.cast(seed, tf.int64), key]), minval=0,
+      maxval=num_classes, dtype=tf.int32)
+
+
+def _stream_key(stream, round_num, step):
+  return (tf.cast(stream, tf.int64) * (1 << 40) +
+          tf.cast(round_num, tf.int64) * (1 << 24) + tf.cast(step, tf.int64))
+
+
+_xent = tf.keras.losses.SparseCategoricalCrossentropy(
+    from_logits=True, reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)
+
+
+def cross_entropy(labels, logits):
+  """Mean softmax cross-entropy of integer labels."""
+  return _xent(labels, logits)
+
+
+def kl_divergence(teacher_logits, student_logits):
+  """KL(softmax(teacher) || softmax(student)), mean over the batch."""
+  p = tf.nn.softmax(teacher_logits)
+  return tf.reduce_mean(tf.reduce_sum(
+      p * (tf.nn.log_softmax(teacher_logits) -
+           tf.nn.log_softmax(student_logits)), axis=-1))
+
+
+# ---------------------------------------------------------------------------
+# Client-side loops.
+
+# ITERATE_NOTE: the loops below iterate `iter(dataset)`, not `dataset`.
+# AutoGraph turns `for x in dataset` into a `dataset.reduce`, whose body runs
+# in tf.data's function runtime: a training step there took ~12 ms on 2 CPU
+# cores against ~1.7 ms in the `tf.while_loop` that `for x in iter(dataset)`
+# becomes (benchmarks/step_loop_benchmark.py).
+
+# `extra_loss(features, labels, step) -> scalar`: a term added to the
+# classification loss of `train_classifier`, with `step` the step count.
+ExtraLoss = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
+
+
+def train_classifier(nets: Networks, optimizer_state, dataset, epochs: int,
+                     extra_loss: Optional[ExtraLoss] = None,
+                     extra_weight=1.0):
+  """`epochs` passes of `CE(C(E(x)), y) + extra_weight * extra_loss` over E, C.
+
+  The one supervised loop of every algorithm: FedCG adds its feature
+  distance, FedProx its proximal term, FedGen the CE on generated features.
+  Returns the new optimizer state and the mean CE and extra loss.
+  Call from inside a `tf.function` (the loops are AutoGraph loops).
+  """
+  config = nets.config
+  optimizer = classification_optimizer(config)
+  variables = (nets.extractor.trainable_variables +
+               nets.classifier.trainable_variables)
+  cls_sum = tf.constant(0.0)
+  extra_sum = tf.constant(0.0)
+  steps = tf.constant(0, tf.int32)
+  for _ in tf.range(epochs):
+    for x, y in iter(dataset):  # See ITERATE_NOTE.
+      y = tf.cast(y, tf.int32)
+      with tf.GradientTape() as tape:
+        features = nets.extractor(x, training=True)
+        cls_loss = cross_entropy(y, nets.classifier(features, training=True))
+        if extra_loss is None:
+          extra = tf.constant(0.0)
+        else:
+          extra = extra_loss(features, y, steps)
+        loss = cls_loss + extra_weight * extra
+      grads = tape.gradient(loss, variables)
+      optimizer_state = apply_gradients(optimizer, optimizer_state, variables,
+                                        grads, config.weight_decay)
+      cls_sum += cls_loss
+      extra_sum += extra
+      steps += 1
+  mean = lambda s: s / tf.maximum(tf.cast(steps, tf.float32), 1.0)
+  return optimizer_state, mean(cls_sum), mean(extra_sum)
+
+
+def count_examples(dataset):
+  """n_i, the client's weight: examples in one pass over `dataset`."""
+  count = tf.constant(0, tf.int32)
+  for _, y in iter(dataset):  # See ITERATE_NOTE.
+    count += tf.shape(y)[0]
+  return count
+
+
+@tf.function
+def evaluate_classifier(nets: Networks, extractor, classifier, val_data,
+                        test_data):
+  """Accuracy of E followed by C on the validation and the test data."""
+  networks.assign_weights(nets.extractor, extractor)
+  networks.assign_weights(nets.classifier, classifier)
+
+  def accuracy(dataset):
+    correct = tf.constant(0, tf.int64)
+    total = tf.constant(0, tf.int64)
+    for x, y in iter(dataset):  # See ITERATE_NOTE.
+      logits = nets.classifier(nets.extractor(x, training=False),
+                               training=False)
+      pred = tf.argmax(logits, axis=-1, output_type=tf.int64)
+      correct += tf.reduce_sum(
+          tf.cast(tf.equal(pred, tf.cast(y, tf.int64)), tf.int64))
+      total += tf.cast(tf.shape(y)[0], tf.int64)
+    return tf.cast(correct, tf.float32) / tf.maximum(
+        tf.cast(total, tf.float32), 1.0)
+
+  return EvalMetrics(val_accuracy=accuracy(val_data),
+                     test_accuracy=accuracy(test_data))
+
+
+# ---------------------------------------------------------------------------
+# Server-side pieces.
+
+
+def chunked_logits(logits_fn, inputs, num_classes: int, chunk: int = 2000):
+  """`logits_fn(*inputs)` over the leading axis in chunks (bounded memory).
+
+  `inputs` is a tuple of tensors with the same leading size.
+  """
+  count = tf.shape(inputs[0])[0]
+  num_chunks = (count + chunk - 1) // chunk
+  out = tf.TensorArray(tf.float32, size=num_chunks, infer_shape=False,
+                       element_shape=tf.TensorShape([None, num_classes]))
+  for i in tf.range(num_chunks):
+    start = i * chunk
+    out = out.write(i, logits_fn(*(t[start:start + chunk] for t in inputs)))
+  logits = out.concat()
+  logits.set_shape(inputs[0].shape[:1].concatenate([num_classes]))
+  return logits
+
+
+def distill(nets: Networks, optimizer_state, variables, student_fn, inputs,
+            teacher_logits):
+  """KL distillation of fixed teacher logits into a student, in order.
+
+  Step i takes rows `[i * batch_size, (i + 1) * batch_size)` of every tensor
+  of `inputs` and of `teacher_logits`; the student's logits are
+  `student_fn(*rows)` and `variables` (the student's) take one server-Adam
+  step on `KL(teacher || student)`. FedCG's student is C_g(G_g(z, y)),
+  FedDF's C_g(E_g(x)). Returns the new optimizer state and per-step KLs.
+  """
+  optimizer = server_optimizer(nets.config)
+  bs = nets.config.batch_size
+  steps = tf.shape(teacher_logits)[0] // bs
+  kls = tf.TensorArray(tf.float32, size=steps)
+  for i in tf.range(steps):
+    rows = tuple(t[i * bs:(i + 1) * bs] for t in inputs)
+    teacher = teacher_logits[i * bs:(i + 1) * bs]
+    with tf.GradientTape() as tape:
+      kl = kl_divergence(teacher, student_fn(*rows))
+    optimizer_state = apply_gradients(optimizer, optimizer_state, variables,
+                                      tape.gradient(kl, variables))
+    kls = kls.write(i, kl)
+  return optimizer_state, kls.stack()
+
+
+def loss_summary(values):
+  """(mean, first, last) of a vector of per-step losses; zeros if empty."""
+  has_steps = tf.size(values) > 0
+  pick = lambda i: tf.cond(has_steps, lambda: values[i], lambda: 0.0)
+  mean = tf.cond(has_steps, lambda: tf.reduce_mean(values), lambda: 0.0)
+  return mean, pick(0), pick(-1)
+
+
+def normalized_weights(weights):
+  """w_i / sum(w): the ensemble weights of the collected clients."""
+  weights = tf.cast(weights, tf.float32)
+  return weights / tf.maximum(tf.reduce_sum(weights), 1e-12)
+
+
+def member(stacked, i):
+  """Client i's entry of a structure collected with leading client axis."""
+  return tf.nest.map_structure(lambda t: t[i], stacked)

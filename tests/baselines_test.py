@@ -1,0 +1,393 @@
+"""The baselines: oracles against tff.learning, and what makes each one itself."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedcg_tff import algorithms
+from fedcg_tff import baselines_tf
+from fedcg_tff import baselines_tff
+from fedcg_tff import networks
+from fedcg_tff import process_tff
+from fedcg_tff import training_tf
+from fedcg_tff.config import FedCGConfig
+from tests.placement import EXTRACTOR_KERNEL_SHAPES
+from tests.placement import crossings
+from tests.placement import leaks
+from tests.placement import tensor_shapes
+
+TINY = FedCGConfig(batch_size=8, local_epochs=1, server_epochs=1,
+                   server_steps_per_epoch=3)
+SIZES = (16, 24, 8)  # Unequal client weights.
+
+
+def _arrays(n, seed):
+  rng = np.random.default_rng(seed)
+  return (rng.normal(size=(n, 32, 32, 1)).astype(np.float32),
+          rng.integers(0, 10, n).astype(np.int32))
+
+
+def _client_data(n, seed):
+  return tf.data.Dataset.from_tensor_slices(_arrays(n, seed)).batch(8)
+
+
+def _round_data(round_num):
+  return [_client_data(n, 100 * round_num + i) for i, n in enumerate(SIZES)]
+
+
+def _weighted_mean(weight_lists, sizes=SIZES):
+  w = np.asarray(sizes, np.float64) / sum(sizes)
+  return [sum(wi * np.asarray(ws[k]) for wi, ws in zip(w, weight_lists))
+          for k in range(len(weight_lists[0]))]
+
+
+def _assert_all_close(a, b, atol=1e-5):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol,
+                               rtol=1e-4)
+
+
+def _run(algorithm, config=TINY, rounds=1, **kwargs):
+  driver = algorithms.build(algorithm, config, len(SIZES), **kwargs)
+  initial_server, initial_clients = driver.server_state, driver.client_states
+  for r in range(rounds):
+    metrics = driver.run_round(r, _round_data(r))
+  return driver, initial_server, initial_clients, metrics
+
+
+# ---------------------------------------------------------------------------
+# Oracles: tff.learning's FedAvg and FedProx.
+
+
+def _keras_model_fn():
+  model = tf.keras.Sequential([networks.build_extractor(1),
+                               networks.build_classifier(10)])
+  spec = (tf.TensorSpec([None, 32, 32, 1], tf.float32),
+          tf.TensorSpec([None], tf.int32))
+  return tff.learning.models.from_keras_model(
+      model, loss=tf.keras.losses.SparseCategoricalCrossentropy(
+          from_logits=True), input_spec=spec)
+
+
+def _ours_and_oracle(algorithm, mu=0.0):
+  """Global E+C weights after two rounds: ours, then tff.learning's, from
+  the same initial weights, data, client SGD (lr 0.1) and server SGD (1.0)."""
+  config = dataclasses.replace(TINY, client_optimizer='sgd', lr=0.1,
+                               weight_decay=0.0, prox_mu=mu)
+  ours = algorithms.build(algorithm, config, len(SIZES))
+  initial = ours.server_state.shared
+  sgd = tff.learning.optimizers.build_sgdm
+  if algorithm == 'fedavg':
+    oracle = tff.learning.algorithms.build_weighted_fed_avg(
+        _keras_model_fn, client_optimizer_fn=sgd(0.1),
+        server_optimizer_fn=sgd(1.0))
+  else:
+    oracle = tff.learning.algorithms.build_weighted_fed_prox(
+        _keras_model_fn, proximal_strength=mu, client_optimizer_fn=sgd(0.1),
+        server_optimizer_fn=sgd(1.0))
+  state = oracle.initialize()
+  state = oracle.set_model_weights(state, tff.learning.models.ModelWeights(
+      trainable=list(initial['extractor']) + list(initial['classifier']),
+      non_trainable=[]))
+  for r in range(2):
+    data = _round_data(r)
+    ours.run_round(r, data)
+    state = oracle.next(state, data).state
+  got = (list(ours.server_state.shared['extractor']) +
+         list(ours.server_state.shared['classifier']))
+  assert not np.allclose(got[0], initial['extractor'][0])  # It trained.
+  return got, oracle.get_model_weights(state).trainable
+
+
+def test_fedavg_matches_tff_learning():
+  ours, oracle = _ours_and_oracle('fedavg')
+  _assert_all_close(ours, oracle, atol=1e-5)
+
+
+def test_fedprox_matches_tff_learning_up_to_its_proximal_sign(monkeypatch):
+  # TFF 0.87's FedProx adds mu * (w_global - w) to the gradient
+  # (proximal_client_work.py: `delta_l2_regularizer * (y - x)` with x the
+  # current and y the initial weights), which pushes w *away* from the
+  # global model; the FedProx paper's (mu/2)||w - w_global||^2 has gradient
+  # mu * (w - w_global), which is ours (test_fedprox_pulls_towards_global).
+  # With our term's sign flipped, everything else must agree exactly.
+  mu = 2.0
+  ours, oracle = _ours_and_oracle('fedprox', mu)
+  assert max(float(np.max(np.abs(a - b))) for a, b in zip(ours, oracle)) > 1e-4
+  term = baselines_tf.proximal_term
+  monkeypatch.setattr(baselines_tf, 'proximal_term',
+                      lambda v, r: -term(v, r))
+  flipped, oracle = _ours_and_oracle('fedprox', mu)
+  _assert_all_close(flipped, oracle, atol=1e-5)
+
+
+def test_fedprox_pulls_towards_global():
+  # One local round from the same broadcast weights and data: FedProx's
+  # clients end nearer the global model than FedAvg's.
+  data = _client_data(32, 1)
+  distances = {}
+  for name, mu in (('fedavg', 0.0), ('fedprox', 5.0)):
+    config = dataclasses.replace(TINY, client_optimizer='sgd', lr=0.1,
+                                 local_epochs=3, prox_mu=mu)
+    baseline = baselines_tf.BASELINES[name]
+    server = baselines_tf.initial_server_state(config, baseline, ())
+    message = baselines_tf.ServerMessage(server.shared, (), tf.constant(0))
+    state = baselines_tf.initial_client_state(config, 7)
+    out = baselines_tf.client_update(baselines_tf.Networks(config), baseline,
+                                     message, state, data)
+    distances[name] = sum(
+        float(tf.reduce_sum(tf.square(a - b)))
+        for part in ('extractor', 'classifier')
+        for a, b in zip(out.upload[part], server.shared[part]))
+    if name == 'fedprox':
+      assert float(out.metrics.extra_loss) > 0
+  assert distances['fedprox'] < 0.7 * distances['fedavg'], distances
+
+
+# ---------------------------------------------------------------------------
+# What crosses placements.
+
+
+@pytest.mark.parametrize('algorithm', baselines_tff.ALGORITHMS)
+def test_what_crosses_placements(algorithm, tmp_path):
+  kwargs = {}
+  if algorithms.needs_server_images(algorithm):
+    kwargs['server_images_path'] = baselines_tff.write_server_images(
+        _arrays(20, 9)[0], str(tmp_path / 'server.tf'))
+  process = baselines_tff.build_baseline_process(TINY, algorithm, **kwargs)
+  moved = crossings(process.next)
+  baseline = baselines_tf.BASELINES[algorithm]
+  if not baseline.communicates:
+    assert moved == []  # Local: nothing is broadcast or aggregated.
+    return
+  uris = {uri for uri, _ in moved}
+  assert 'federated_broadcast' in uris
+  shares_extractor = 'extractor' in baseline.shared
+  assert bool(leaks(process.next)) == shares_extractor
+  server_state = process.next.type_signature.result[0]
+  has_extractor = EXTRACTOR_KERNEL_SHAPES & set(tensor_shapes(server_state))
+  assert bool(has_extractor) == shares_extractor
+  if baseline.collects_client_models:
+    assert 'federated_aggregate' in uris
+
+
+# ---------------------------------------------------------------------------
+# Each baseline, end to end.
+
+
+def test_local_trains_alone():
+  driver, server0, clients0, metrics = _run('local')
+  assert int(driver.server_state.round_num) == 1
+  assert driver.server_state.shared == {}
+  assert not any(k.startswith('server/') for k in metrics)
+  # Every client trained from its own initialisation: they stay different.
+  for before, after in zip(clients0, driver.client_states):
+    assert not np.allclose(before.extractor[0], after.extractor[0])
+  assert not np.allclose(driver.client_states[0].classifier[0],
+                         driver.client_states[1].classifier[0])
+  del server0
+
+
+def test_fedavg_server_takes_weighted_mean_of_clients():
+  driver, server0, _, _ = _run('fedavg')
+  for name in ('extractor', 'classifier'):
+    expected = _weighted_mean([getattr(s, name)
+                               for s in driver.client_states])
+    _assert_all_close(driver.server_state.shared[name], expected)
+    assert not np.allclose(driver.server_state.shared[name][0],
+                           server0.shared[name][0])
+
+
+def test_fedsplit_never_aggregates_the_extractor():
+  driver, _, clients0, _ = _run('fedsplit', rounds=2)
+  assert set(driver.server_state.shared) == {'classifier'}
+  expected = _weighted_mean([s.classifier for s in driver.client_states])
+  _assert_all_close(driver.server_state.shared['classifier'], expected)
+  # Extractors stay each client's own: trained, and never averaged.
+  extractors = [s.extractor[0] for s in driver.client_states]
+  assert not np.allclose(extractors[0], extractors[1])
+  for before, after in zip(clients0, driver.client_states):
+    assert not np.allclose(before.extractor[0], after.extractor[0])
+
+
+def test_feddf_distils_after_averaging(tmp_path):
+  config = dataclasses.replace(TINY, server_steps_per_epoch=5)
+  driver, _, _, metrics = _run(
+      'feddf', config, server_images=_arrays(30, 9)[0],
+      server_images_dir=str(tmp_path))
+  assert (tmp_path / 'server_images.tf').exists()
+  assert metrics['server/server_loss'] > 0
+  assert int(driver.server_state.optimizer_state['step']) == 5
+  # Distillation moved the global model away from the plain mean.
+  mean = _weighted_mean([s.classifier for s in driver.client_states])
+  assert not np.allclose(driver.server_state.shared['classifier'][0],
+                         mean[0], atol=1e-6)
+
+
+def test_fedgen_trains_generator_on_server_and_shares_c_and_g():
+  driver, server0, _, metrics = _run('fedgen')
+  assert set(driver.server_state.shared) == {'classifier'}
+  assert not np.allclose(driver.server_state.generator[1],
+                         server0.generator[1])
+  assert int(driver.server_state.optimizer_state['step']) == 3
+  for i in range(len(SIZES)):
+    assert metrics[f'client_{i}/extra_loss'] > 0  # CE on generated features.
+  assert metrics['server/diversity'] > 0
+  expected = _weighted_mean([s.classifier for s in driver.client_states])
+  _assert_all_close(driver.server_state.shared['classifier'], expected)
+
+
+def test_collect_gathers_every_client_with_its_weight():
+  value_type = tff.types.to_type(
+      {'a': tff.TensorType(np.float32, [2]),
+       'b': (tff.TensorType(np.int32, [3]),)})
+  collect = process_tff.build_collect(value_type)
+
+  @tff.federated_computation(tff.FederatedType(value_type, tff.CLIENTS),
+                             tff.FederatedType(np.float32, tff.CLIENTS))
+  def gather(values, weights):
+    return collect(values, weights)
+
+  values = [{'a': np.full([2], i, np.float32),
+             'b': (np.full([3], 10 * i, np.int32),)} for i in range(4)]
+  stacked, weights = gather(values, [1.0, 2.0, 3.0, 4.0])
+  assert stacked['a'].shape == (4, 2) and stacked['b'][0].shape == (4, 3)
+  # Each row still sits with its own weight.
+  for row in range(4):
+    i = int(weights[row]) - 1
+    np.testing.assert_array_equal(stacked['a'][row], np.full([2], i))
+    np.testing.assert_array_equal(stacked['b'][0][row], np.full([3], 10 * i))
+
+
+# ---------------------------------------------------------------------------
+# The server steps in plain TensorFlow.
+
+
+def _confident_classifiers(nets, seeds, scale=20.0):
+  """Client classifiers whose ensemble gives sharp, disagreeing logits."""
+  out = []
+  for s in seeds:
+    weights = list(networks.sample_initial_weights(
+        nets.classifier, tf.constant(s, tf.int64)))
+    weights[-2] = weights[-2] * scale
+    out.append(tuple(weights))
+  return out
+
+
+def _stack(structures):
+  return tf.nest.map_structure(lambda *t: tf.stack(t), *structures)
+
+
+def test_feddf_distillation_lowers_its_kl():
+  config = dataclasses.replace(TINY, batch_size=16, lr=1e-3,
+                               server_steps_per_epoch=60)
+  nets = baselines_tf.Networks(config)
+  baseline = baselines_tf.BASELINES['feddf']
+  images = tf.constant(_arrays(64, 3)[0])
+  extractors = [networks.sample_initial_weights(
+      nets.extractor, tf.constant(s, tf.int64)) for s in (1, 2, 3)]
+  classifiers = _confident_classifiers(nets, (1, 2, 3))
+  weights = tf.constant([16.0, 24.0, 8.0])
+  collected = {'extractor': _stack(extractors),
+               'classifier': _stack(classifiers)}
+  # The student starts from an unrelated sharp model, far from the teacher.
+  averaged = {'extractor': networks.sample_initial_weights(
+                  nets.extractor, tf.constant(9, tf.int64)),
+              'classifier': _confident_classifiers(nets, (9,))[0]}
+  teacher = baselines_tf.feddf_teacher(nets, collected, weights, images)
+
+  def kl(shared):
+    networks.assign_weights(nets.extractor, shared['extractor'])
+    networks.assign_weights(nets.classifier, shared['classifier'])
+    return float(training_tf.kl_divergence(
+        teacher, nets.classifier(nets.extractor(images))))
+
+  state = baselines_tf.initial_server_state(config, baseline, ())
+  new_state, metrics = baselines_tf.server_update(
+      nets, baseline, state, (), averaged, collected, weights, images)
+  before, after = kl(averaged), kl(new_state.shared)
+  assert before > 0.05
+  assert after < 0.5 * before, (before, after)
+  assert float(metrics.server_loss_last) < float(metrics.server_loss_first)
+  # The teacher is the weighted ensemble of the clients' (E_i, C_i).
+  direct = 0.0
+  for w, e, c in zip([16 / 48, 24 / 48, 8 / 48], extractors, classifiers):
+    networks.assign_weights(nets.extractor, e)
+    networks.assign_weights(nets.classifier, c)
+    direct += w * nets.classifier(nets.extractor(images)).numpy()
+  np.testing.assert_allclose(teacher.numpy(), direct, atol=1e-4)
+
+
+def test_server_data_indices_cover_the_data_and_follow_the_round():
+  config = dataclasses.replace(TINY, batch_size=10, server_steps_per_epoch=5)
+  a = baselines_tf.server_data_indices(config, 0, 20).numpy()
+  assert len(a) == config.distill_samples == 50
+  assert sorted(a[:20]) == list(range(20))  # First pass: a permutation.
+  np.testing.assert_array_equal(
+      a, baselines_tf.server_data_indices(config, 0, 20).numpy())
+  assert not np.array_equal(
+      a, baselines_tf.server_data_indices(config, 1, 20).numpy())
+
+
+def test_fedgen_generator_training_lowers_ensemble_ce():
+  config = dataclasses.replace(TINY, batch_size=16, lr=3e-3,
+                               server_steps_per_epoch=80)
+  nets = baselines_tf.Networks(config)
+  networks.assign_weights(nets.generator, networks.sample_initial_weights(
+      nets.generator, tf.constant(1, tf.int64)))
+  classifiers = _stack(_confident_classifiers(nets, (4, 5, 6)))
+  weights = training_tf.normalized_weights(tf.constant([1.0, 2.0, 3.0]))
+  z = tf.random.stateless_normal([64, 100], [7, 7])
+  y = tf.constant(np.arange(64) % 10, tf.int32)
+
+  def ensemble_ce():
+    features = nets.generator([z, y], training=False)
+    return float(training_tf.cross_entropy(
+        y, baselines_tf.ensemble_logits(nets, classifiers, weights,
+                                        features)))
+
+  before = ensemble_ce()
+  optimizer_state = training_tf.initial_optimizer_state(
+      training_tf.server_optimizer(config),
+      nets.generator.trainable_variables)
+  _, ces, diversity = tf.function(lambda: baselines_tf.train_generator(
+      nets, optimizer_state, classifiers, tf.constant([1.0, 2.0, 3.0]),
+      tf.constant(0)))()
+  after = ensemble_ce()
+  assert after < 0.7 * before, (before, after)
+  assert ces.shape == (80,)
+  assert float(diversity) > 0
+
+
+def test_diversity_loss_rewards_spread():
+  z = tf.random.stateless_normal([8, 100], [1, 2])
+  same = tf.ones([8, 5, 5, 16])
+  spread = tf.concat([tf.zeros([4, 5, 5, 16]), tf.ones([4, 5, 5, 16])], 0)
+  assert float(baselines_tf.diversity_loss(same, z)) == pytest.approx(1e5)
+  assert float(baselines_tf.diversity_loss(spread, z)) < 2.0
+
+
+def test_proximal_term_gradient_is_w_minus_reference():
+  v = [tf.Variable([1.0, 2.0]), tf.Variable([[3.0]])]
+  ref = [tf.constant([0.0, 4.0]), tf.constant([[1.0]])]
+  with tf.GradientTape() as tape:
+    term = baselines_tf.proximal_term(v, ref)
+  assert float(term) == pytest.approx(0.5 * (1 + 4 + 4))
+  grads = tape.gradient(term, v)
+  np.testing.assert_allclose(grads[0].numpy(), [1.0, -2.0])
+  np.testing.assert_allclose(grads[1].numpy(), [[2.0]])
+
+
+def test_unknown_algorithm_and_missing_server_data():
+  with pytest.raises(ValueError, match="algorithm must be one of"):
+    algorithms.build('fedsgd', TINY, 2)
+  with pytest.raises(ValueError, match='feddf needs server_images'):
+    algorithms.build('feddf', TINY, 2)
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))
