@@ -1,5 +1,5 @@
-r"""Trains FedCG or a baseline with TFF's local runtime on FMNIST and reports
-the paper's table.
+r"""Trains FedCG or a baseline with TFF's local runtime on a task (FMNIST by
+default) and reports the paper's table.
 
   .venv/bin/python -m binaries.run_fedcg --output_dir=runs/fedcg_fmnist
   .venv/bin/python -m binaries.run_fedcg --algorithm=fedavg \
@@ -23,17 +23,23 @@ from absl import flags
 from absl import logging
 
 from fedcg_tff import runtime  # Before TFF starts a worker: clean shutdown.
-from fedcg_tff.config import CLIENT_OPTIMIZERS, DISTANCES, FedCGConfig
+from fedcg_tff.config import CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
 
 # The algorithm names, without importing TensorFlow before the flags are
 # checked (tests/run_fedcg_test.py checks this list against the registry).
 ALGORITHMS = ('local', 'fedavg', 'fedprox', 'fedsplit', 'feddf', 'fedgen',
               'fedcg')
+TASKS = ('fmnist', 'fmnist_shift', 'cifar10', 'digit5', 'office_caltech10',
+         'domainnet')  # tasks.registry.TASKS, likewise.
 
 _DEFAULTS = FedCGConfig()
 
 flags.DEFINE_enum('algorithm', 'fedcg', list(ALGORITHMS),
                   'Which algorithm of the paper\'s Table 1 to run.')
+flags.DEFINE_enum('task', 'fmnist', list(TASKS),
+                  'Data set and client split (tasks/registry.py).')
+flags.DEFINE_enum('model', _DEFAULTS.model, list(MODELS),
+                  'Split networks: LeNet-5 (32x32) or ResNet-18 (224x224).')
 
 # Hyper-parameters: one flag per FedCGConfig field, same name and default.
 flags.DEFINE_integer('batch_size', _DEFAULTS.batch_size, 'Batch size.')
@@ -71,18 +77,32 @@ flags.DEFINE_float('diversity_weight', _DEFAULTS.diversity_weight,
 flags.DEFINE_integer('rounds', 200, 'Maximum number of rounds.')
 flags.DEFINE_integer('patience', 20, 'Stop after this many rounds without a '
                      'new best validation accuracy on any client.')
-flags.DEFINE_integer('num_clients', 4, 'Number of clients.')
+flags.DEFINE_integer('num_clients', None,
+                     'Number of clients (default: the task\'s: 4 for fmnist, '
+                     'fmnist_shift and cifar10; one per domain otherwise).')
 flags.DEFINE_integer('train_per_client', 2000,
-                     'Training images drawn for each client.')
+                     'Training images drawn for each client (fmnist, '
+                     'fmnist_shift, cifar10, digit5).')
+flags.DEFINE_enum('partition', 'iid', ['iid', 'dirichlet'],
+                  'Label split of fmnist, fmnist_shift and cifar10.')
+flags.DEFINE_float('dirichlet_alpha', 0.5,
+                   'Dirichlet concentration of --partition=dirichlet '
+                   '(smaller: more skew).')
+flags.DEFINE_bool('add_noise', False, 'Add Gaussian noise to client inputs, '
+                  'std --noise_std * i / (n - 1) for client i.')
+flags.DEFINE_float('noise_std', 0.0, 'See --add_noise.')
 flags.DEFINE_integer('server_data_size', None,
-                     'FedDF: unlabeled server images, a slice of the '
-                     'training split disjoint from the clients\' (default: '
-                     'the protocol\'s 32000).')
-flags.DEFINE_enum('data_source', 'idx', ['idx', 'tfds'],
-                  "'idx': the IDX files in --data_dir; 'tfds': TFDS.")
+                     'FedDF: unlabeled server images, disjoint from the '
+                     'clients\' (default: 32000 of the training split for '
+                     'fmnist and cifar10, 10000 MNIST images for digit5).')
+flags.DEFINE_enum('data_source', None, ['idx', 'tfds', 'folder'],
+                  'Where the task reads its data (default: the task\'s: IDX '
+                  'files for fmnist, TFDS for cifar10, image folders for '
+                  'digit5, office_caltech10 and domainnet).')
 flags.DEFINE_string('data_dir', None,
-                    'IDX directory (default: Debian\'s '
-                    '/usr/share/datasets/fashion-mnist) or TFDS data_dir.')
+                    'IDX directory (fmnist default: Debian\'s '
+                    '/usr/share/datasets/fashion-mnist), image-folder root, '
+                    'or TFDS data_dir.')
 flags.DEFINE_string('output_dir', None, 'New directory for TensorBoard '
                     'summaries, metrics.csv and results.json.')
 flags.DEFINE_integer('max_concurrent_clients', -1,
@@ -113,6 +133,45 @@ def _check_run_flags():
     raise app.UsageError(
         f'--server_data_size is only used by --algorithm=feddf, not '
         f'--algorithm={FLAGS.algorithm}')
+  if not FLAGS.dirichlet_alpha > 0:
+    raise app.UsageError(
+        f'--dirichlet_alpha must be > 0, got {FLAGS.dirichlet_alpha}')
+  if FLAGS.noise_std < 0:
+    raise app.UsageError(f'--noise_std must be >= 0, got {FLAGS.noise_std}')
+  if FLAGS.noise_std and not FLAGS.add_noise:
+    raise app.UsageError('--noise_std is only used with --add_noise')
+
+
+def load_task(config: FedCGConfig):
+  """The task the flags name; errors name the flags to fix."""
+  from tasks import registry  # pylint: disable=g-import-not-at-top
+  from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
+  server_size = 0
+  if FLAGS.algorithm == 'feddf':
+    server_size = (FLAGS.server_data_size or
+                   registry.DEFAULT_SERVER_SIZE[FLAGS.task])
+    if not server_size:
+      raise app.UsageError(
+          f'--algorithm=feddf needs unlabeled server data, which '
+          f'--task={FLAGS.task} does not provide')
+  options = TaskOptions(
+      num_clients=FLAGS.num_clients, train_per_client=FLAGS.train_per_client,
+      seed=config.seed, data_dir=FLAGS.data_dir,
+      data_source=FLAGS.data_source, partition=FLAGS.partition,
+      dirichlet_alpha=FLAGS.dirichlet_alpha, server_size=server_size,
+      add_noise=FLAGS.add_noise, noise_std=FLAGS.noise_std,
+      image_size=config.image_size)
+  try:
+    task = registry.build(FLAGS.task, options)
+  except (FileNotFoundError, ValueError) as e:
+    raise app.UsageError(
+        f'--task={FLAGS.task} (--data_dir / --data_source / split flags): '
+        f'{e}') from None
+  if server_size and task.server_images is None:
+    raise app.UsageError(
+        f'--algorithm=feddf needs unlabeled server data, which '
+        f'--task={FLAGS.task} does not provide')
+  return task
 
 
 def main(argv):
@@ -124,18 +183,11 @@ def main(argv):
   # Imports that start TensorFlow come after flag checks: bad flags fail fast.
   from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
   from fedcg_tff import experiment  # pylint: disable=g-import-not-at-top
-  from tasks import fmnist  # pylint: disable=g-import-not-at-top
 
-  server_size = 0
-  if algorithms.needs_server_images(FLAGS.algorithm):
-    server_size = FLAGS.server_data_size or fmnist.SERVER_SIZE
   # Data first: a missing data set must not leave an output directory.
-  try:
-    task = fmnist.build_task(FLAGS.num_clients, FLAGS.train_per_client,
-                             config.seed, FLAGS.data_source, FLAGS.data_dir,
-                             server_size=server_size)
-  except (FileNotFoundError, ValueError) as e:
-    raise app.UsageError(f'--data_dir / --data_source: {e}') from None
+  task = load_task(config)
+  config = dataclasses.replace(config, num_classes=task.num_classes,
+                               image_channels=task.channels)
   try:
     experiment.prepare_output_dir(FLAGS.output_dir)
   except (FileExistsError, OSError) as e:
@@ -146,18 +198,18 @@ def main(argv):
                'flags': FLAGS.flag_values_dict()}, f, indent=2, default=str)
 
   runtime.set_local_cpp_context(FLAGS.max_concurrent_clients)
-  print(f'{FLAGS.algorithm} on {task.name}: {task.num_clients} clients, '
-        f'{FLAGS.train_per_client} training images each'
-        f'{f", {server_size} unlabeled server images" if server_size else ""}'
-        f'; building computations...', flush=True)
+  print(task.describe(), flush=True)
+  print(f'{FLAGS.algorithm} with {config.model}; building computations...',
+        flush=True)
+  size = config.image_size
   algorithm = algorithms.build(FLAGS.algorithm, config, task.num_clients,
-                               server_images=task.server_images)
+                               server_images=task.server_inputs(size))
   writer = experiment.MetricsWriter(FLAGS.output_dir)
   result = experiment.run(
       algorithm,
-      train_data_fn=lambda r: task.train_datasets(r, config.batch_size),
-      val_data=task.val_datasets(),
-      test_data=task.test_datasets(),
+      train_data_fn=lambda r: task.train_datasets(r, config.batch_size, size),
+      val_data=task.val_datasets(size),
+      test_data=task.test_datasets(size),
       max_rounds=FLAGS.rounds,
       patience=FLAGS.patience,
       writer=writer,
@@ -166,6 +218,8 @@ def main(argv):
   tracker = result.tracker
   summary = {
       'algorithm': FLAGS.algorithm,
+      'task': FLAGS.task,
+      'client_names': list(task.client_names),
       'rounds_run': result.rounds_run,
       'stopped_early': result.stopped_early,
       'mean_round_seconds': sum(result.round_seconds) / result.rounds_run,

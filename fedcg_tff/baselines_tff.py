@@ -34,7 +34,6 @@ import tensorflow_federated as tff
 from fedcg_tff import baselines_tf
 from fedcg_tff import process_tff
 from fedcg_tff.config import FedCGConfig
-from fedcg_tff.networks import IMAGE_SIZE
 
 ALGORITHMS = tuple(baselines_tf.BASELINES)
 
@@ -46,12 +45,21 @@ def init_client_computation(config: FedCGConfig) -> tff.Computation:
       lambda seed: baselines_tf.initial_client_state(config, seed), np.int64)
 
 
-def write_server_images(images: np.ndarray, path: str) -> str:
-  """Writes FedDF's server images (float32 NHWC) where the server's
-  computation reads them (`tf.io.serialize_tensor` format); returns `path`."""
+def _baseline(algorithm: str) -> baselines_tf.Baseline:
+  if algorithm not in baselines_tf.BASELINES:
+    raise ValueError(f'algorithm must be one of {ALGORITHMS}, '
+                     f'got {algorithm!r}')
+  return baselines_tf.BASELINES[algorithm]
+
+
+def write_server_images(images: np.ndarray, path: str,
+                        image_size: int = 32) -> str:
+  """Writes FedDF's server images (float32 NHWC, preprocessed as the
+  clients' inputs) where the server's computation reads them
+  (`tf.io.serialize_tensor` format); returns `path`."""
   images = np.asarray(images, np.float32)
-  if images.ndim != 4 or images.shape[1:3] != (IMAGE_SIZE, IMAGE_SIZE):
-    raise ValueError(f'server images must be [n, {IMAGE_SIZE}, {IMAGE_SIZE}, '
+  if images.ndim != 4 or images.shape[1:3] != (image_size, image_size):
+    raise ValueError(f'server images must be [n, {image_size}, {image_size}, '
                      f'channels], got shape {images.shape}')
   if not len(images):
     raise ValueError('FedDF needs at least one server image')
@@ -61,9 +69,10 @@ def write_server_images(images: np.ndarray, path: str) -> str:
   return path
 
 
-def _read_server_images(path: str, channels: int):
+def _read_server_images(path: str, config: FedCGConfig):
   images = tf.io.parse_tensor(tf.io.read_file(path), tf.float32)
-  images.set_shape([None, IMAGE_SIZE, IMAGE_SIZE, channels])
+  images.set_shape([None, config.image_size, config.image_size,
+                    config.image_channels])
   return images
 
 
@@ -81,10 +90,7 @@ def build_baseline_process(
   `server_images_path` (FedDF only): a file from `write_server_images`.
   """
   config = config.validate()
-  if algorithm not in baselines_tf.BASELINES:
-    raise ValueError(f'algorithm must be one of {ALGORITHMS}, '
-                     f'got {algorithm!r}')
-  baseline = baselines_tf.BASELINES[algorithm]
+  baseline = _baseline(algorithm)
   if baseline.server_distillation and not server_images_path:
     raise ValueError('feddf needs server_images_path (unlabeled server data)')
   nets = lambda: baselines_tf.Networks(config)
@@ -145,8 +151,7 @@ def build_baseline_process(
                                 upload_type, stacked_type)
     def server_update(state, aggregator_state, averaged, collected):
       values, weights = collected
-      images = (_read_server_images(server_images_path,
-                                    config.image_channels)
+      images = (_read_server_images(server_images_path, config)
                 if baseline.server_distillation else None)
       return baselines_tf.server_update(
           nets(), baseline, state, aggregator_state, averaged, values,
@@ -217,16 +222,17 @@ class BaselineAlgorithm(process_tff.ProcessAlgorithm):
                aggregation_factory=None, server_images=None,
                server_images_dir: Optional[str] = None):
     config = config.validate()
+    baseline = _baseline(algorithm)
     path = None
-    if baselines_tf.BASELINES.get(algorithm, baselines_tf.BASELINES['local']
-                                  ).server_distillation:
+    if baseline.server_distillation:
       if server_images is None:
         raise ValueError('feddf needs server_images (unlabeled server data)')
       if server_images_dir is None:
         self._tmp = tempfile.TemporaryDirectory(prefix='feddf_server_')
         server_images_dir = self._tmp.name
       path = write_server_images(
-          server_images, os.path.join(server_images_dir, 'server_images.tf'))
+          server_images, os.path.join(server_images_dir, 'server_images.tf'),
+          config.image_size)
     process = build_baseline_process(config, algorithm, aggregation_factory,
                                      path)
     super().__init__(config, num_clients, process,

@@ -10,6 +10,7 @@ import dataclasses
 
 DISTANCES = ('mse', 'cos', 'none')
 CLIENT_OPTIMIZERS = ('adam', 'sgd')
+MODELS = ('lenet', 'resnet18')  # models.MODELS, without importing TF.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +19,8 @@ class FedCGConfig:
 
   num_classes: int = 10
   image_channels: int = 1
+  # Network family: 'lenet' (32x32 inputs) or 'resnet18' (224x224).
+  model: str = 'lenet'
   noise_dim: int = 100
   batch_size: int = 8
   lr: float = 3e-4
@@ -47,6 +50,11 @@ class FedCGConfig:
   prox_mu: float = 0.01
   # FedGen: weight of the diversity term in the server generator's loss.
   diversity_weight: float = 1.0
+
+  @property
+  def image_size(self) -> int:
+    """The side of the square images the extractor takes."""
+    return 32 if self.model == 'lenet' else 224  # models.image_size
 
   @property
   def distill_steps(self) -> int:
@@ -83,6 +91,8 @@ class FedCGConfig:
     if self.client_optimizer not in CLIENT_OPTIMIZERS:
       raise ValueError(f'client_optimizer must be one of {CLIENT_OPTIMIZERS}, '
                        f'got {self.client_optimizer!r}')
+    if self.model not in MODELS:
+      raise ValueError(f'model must be one of {MODELS}, got {self.model!r}')
     if self.distance not in DISTANCES:
       raise ValueError(
           f'distance must be one of {DISTANCES}, got {self.distance!r}')

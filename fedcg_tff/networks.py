@@ -27,11 +27,11 @@ BN_MOMENTUM = 0.9  # PyTorch's momentum 0.1 in Keras' convention.
 BN_EPSILON = 1e-5  # PyTorch's default.
 
 
-def _gan_kernel_init():
+def gan_kernel_init():
   return tf.keras.initializers.RandomNormal(0.0, 0.02)
 
 
-def _gan_batch_norm():
+def gan_batch_norm():
   return tf.keras.layers.BatchNormalization(
       momentum=BN_MOMENTUM,
       epsilon=BN_EPSILON,
@@ -134,31 +134,32 @@ def build_classifier(num_classes: int = 10) -> tf.keras.Model:
   return tf.keras.Model(inputs, logits, name='classifier')
 
 
-def _label_embedding(num_classes, name):
+def label_embedding(num_classes, name):
   return tf.keras.layers.Embedding(
       num_classes, num_classes,
       embeddings_initializer=tf.keras.initializers.RandomNormal(0.0, 1.0),
       name=name)
 
 
-def build_generator(num_classes: int = 10, noise_dim: int = 100) -> tf.keras.Model:
+def build_generator(num_classes: int = 10,
+                    noise_dim: int = 100) -> tf.keras.Model:
   """G(z, y): [z, emb(y)] as a 1x1 map, four 2x2 transposed convs -> 5x5x16."""
   z = tf.keras.Input((noise_dim,), name='noise')
   y = tf.keras.Input((), dtype=tf.int32, name='label')
-  emb = _label_embedding(num_classes, 'label_embedding')(y)
+  emb = label_embedding(num_classes, 'label_embedding')(y)
   x = tf.keras.layers.Concatenate()([z, emb])
   x = tf.keras.layers.Reshape((1, 1, noise_dim + num_classes))(x)
   widths = (512, 256, 128)
   for i, filters in enumerate(widths):
     x = tf.keras.layers.Conv2DTranspose(
         filters, 2, use_bias=False,
-        kernel_initializer=_gan_kernel_init(),
+        kernel_initializer=gan_kernel_init(),
         name=f'deconv{i + 1}')(x)
-    x = _gan_batch_norm()(x)
+    x = gan_batch_norm()(x)
     x = tf.keras.layers.LeakyReLU(LEAKY_SLOPE)(x)
   x = tf.keras.layers.Conv2DTranspose(
       FEATURE_SHAPE[-1], 2, use_bias=False, activation='sigmoid',
-      kernel_initializer=_gan_kernel_init(),
+      kernel_initializer=gan_kernel_init(),
       name=f'deconv{len(widths) + 1}')(x)
   return tf.keras.Model([z, y], x, name='generator')
 
@@ -167,7 +168,7 @@ def build_discriminator(num_classes: int = 10) -> tf.keras.Model:
   """D(f, y): [f, tiled emb(y)], four spectral-norm 2x2 convs -> logit."""
   f = tf.keras.Input(FEATURE_SHAPE, name='features')
   y = tf.keras.Input((), dtype=tf.int32, name='label')
-  emb = _label_embedding(num_classes, 'label_embedding')(y)
+  emb = label_embedding(num_classes, 'label_embedding')(y)
   emb = tf.keras.layers.Reshape((1, 1, num_classes))(emb)
   emb = tf.keras.layers.UpSampling2D(FEATURE_SHAPE[:2])(emb)  # tile to 5x5
   x = tf.keras.layers.Concatenate()([f, emb])
@@ -175,13 +176,13 @@ def build_discriminator(num_classes: int = 10) -> tf.keras.Model:
   for i, filters in enumerate(widths):
     x = SpectralNormConv2D(
         filters, 2, use_bias=False,
-        kernel_initializer=_gan_kernel_init(),
+        kernel_initializer=gan_kernel_init(),
         name=f'conv{i + 1}')(x)
-    x = _gan_batch_norm()(x)
+    x = gan_batch_norm()(x)
     x = tf.keras.layers.LeakyReLU(LEAKY_SLOPE)(x)
   x = SpectralNormConv2D(
       1, 2, use_bias=False,
-      kernel_initializer=_gan_kernel_init(),
+      kernel_initializer=gan_kernel_init(),
       name=f'conv{len(widths) + 1}')(x)
   logit = tf.keras.layers.Reshape(())(x)
   return tf.keras.Model([f, y], logit, name='discriminator')

@@ -18,7 +18,6 @@ import tensorflow_federated as tff
 
 from fedcg_tff import training_tf
 from fedcg_tff.config import FedCGConfig
-from fedcg_tff.networks import IMAGE_SIZE
 
 
 @attrs.define(frozen=True)
@@ -31,8 +30,8 @@ class RoundMetrics:
 def batch_type(config: FedCGConfig) -> tff.types.StructType:
   """The type of one (images, labels) batch of a client dataset."""
   return tff.types.to_type((
-      tff.TensorType(np.float32,
-                     [None, IMAGE_SIZE, IMAGE_SIZE, config.image_channels]),
+      tff.TensorType(np.float32, [None, config.image_size, config.image_size,
+                                  config.image_channels]),
       tff.TensorType(np.int32, [None]),
   ))
 

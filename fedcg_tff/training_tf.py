@@ -18,6 +18,7 @@ import tensorflow as tf
 from tensorflow_federated.python.learning.optimizers import adam
 from tensorflow_federated.python.learning.optimizers import sgdm
 
+from fedcg_tff import models
 from fedcg_tff import networks
 from fedcg_tff.config import FedCGConfig
 
@@ -33,11 +34,12 @@ class Networks:
 
   def __init__(self, config: FedCGConfig):
     self.config = config
-    self.extractor = networks.build_extractor(config.image_channels)
-    self.classifier = networks.build_classifier(config.num_classes)
-    self.generator = networks.build_generator(config.num_classes,
-                                              config.noise_dim)
-    self.discriminator = networks.build_discriminator(config.num_classes)
+    model = config.model
+    self.extractor = models.build_extractor(model, config.image_channels)
+    self.classifier = models.build_classifier(model, config.num_classes)
+    self.generator = models.build_generator(model, config.num_classes,
+                                            config.noise_dim)
+    self.discriminator = models.build_discriminator(model, config.num_classes)
 
   def model(self, name: str) -> tf.keras.Model:
     """The network called `name`: extractor, classifier, generator, ..."""

@@ -1,4 +1,5 @@
-"""Fashion-MNIST, 4 IID clients (FEDCG_SPEC.md, Data protocol).
+"""Fashion-MNIST, 4 clients, IID or label-skewed (FEDCG_SPEC.md, Data
+protocol).
 
 Reads the four original IDX files (gzip or not) from a directory — by default
 where Debian's `dataset-fashion-mnist` package puts them — or, with
@@ -12,6 +13,9 @@ import os
 import numpy as np
 
 from tasks import image_task
+from tasks import pooled
+from tasks import tfds_loader
+from tasks.options import TaskOptions
 
 DEBIAN_DIR = '/usr/share/datasets/fashion-mnist'
 MEAN, STD = (0.5,), (0.5,)
@@ -71,44 +75,23 @@ def load_idx(data_dir: str = DEBIAN_DIR):
 
 def load_tfds(data_dir=None):
   """The same arrays from TensorFlow Datasets' `fashion_mnist`."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  splits = tfds.load('fashion_mnist', split=['train', 'test'],
-                     as_supervised=True, data_dir=data_dir)
-  # Batched reads, not `batch_size=-1`: with TF 2.14 that aborts the
-  # process under `tfds.testing.mock_data`.
-  return tuple(_to_arrays(ds) for ds in splits)
+  return tuple(tfds_loader.load('fashion_mnist', ['train', 'test'], data_dir))
 
 
-def _to_arrays(dataset):
-  batches = list(dataset.batch(10_000).as_numpy_iterator())
-  return (np.concatenate([b[0] for b in batches]),
-          np.concatenate([b[1] for b in batches]))
-
-
-def build_task(num_clients: int = 4,
-               train_per_client: int = 2000,
-               seed: int = 1,
-               source: str = 'idx',
-               data_dir: str | None = None,
-               server_size: int = 0) -> image_task.FederatedImageTask:
-  """The FMNIST task: same seed, same partition. `server_size` unlabeled
-  training images, disjoint from the clients', go to the server (FedDF's
-  data; the spec's protocol uses 32 000)."""
+def load(options: TaskOptions):
+  """(train, test) uint8 arrays from the source the options name."""
+  source = options.data_source or 'idx'
   if source == 'idx':
-    train, test = load_idx(data_dir or DEBIAN_DIR)
-  elif source == 'tfds':
-    train, test = load_tfds(data_dir)
-  else:
-    raise ValueError(f"source must be 'idx' or 'tfds', got {source!r}")
-  rng = np.random.default_rng(seed)
-  splits, server = image_task.iid_split(train, test, num_clients,
-                                        train_per_client, rng, server_size)
-  prep = lambda xy: (image_task.preprocess(xy[0], MEAN, STD), xy[1])
-  clients = tuple(
-      image_task.ClientSplit(prep(s.train), prep(s.val), prep(s.test))
-      for s in splits)
-  return image_task.FederatedImageTask(
-      name='fmnist', clients=clients, num_classes=NUM_CLASSES, channels=1,
-      seed=seed,
-      server_images=(image_task.preprocess(server, MEAN, STD)
-                     if server_size else None))
+    return load_idx(options.data_dir or DEBIAN_DIR)
+  if source == 'tfds':
+    return load_tfds(options.data_dir)
+  raise ValueError(f"data_source must be 'idx' or 'tfds' for FMNIST, "
+                   f'got {source!r}')
+
+
+def build(options: TaskOptions) -> image_task.FederatedImageTask:
+  """The FMNIST task: same seed, same partition. With `server_size`,
+  unlabeled training images disjoint from the clients' go to the server
+  (FedDF's data; the spec's protocol uses 32 000)."""
+  train, test = load(options)
+  return pooled.build('fmnist', train, test, options, NUM_CLASSES, MEAN, STD)

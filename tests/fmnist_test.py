@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from tasks import fmnist
+from tasks import fmnist_shift
+from tasks.options import TaskOptions
 from tests import fake_data
-from tasks import image_task
 
 
 @pytest.mark.parametrize('compress', [True, False])
@@ -31,21 +32,23 @@ def test_read_idx_rejects_bad_files(tmp_path):
     fmnist.load_idx(str(tmp_path))
 
 
-def test_build_task_follows_protocol(tmp_path):
+def _options(tmp_path, **kwargs):
+  return TaskOptions(data_dir=str(tmp_path), **kwargs)
+
+
+def test_build_follows_protocol(tmp_path):
   fake_data.write_fake_fmnist(str(tmp_path))
-  task = fmnist.build_task(num_clients=4, train_per_client=25, seed=3,
-                           data_dir=str(tmp_path))
+  task = fmnist.build(_options(tmp_path, num_clients=4, train_per_client=25,
+                               seed=3))
   assert task.num_clients == 4 and task.num_classes == 10
   for c in task.clients:
-    assert c.train[0].shape == (25, 32, 32, 1)
-    assert c.train[0].dtype == np.float32 and c.train[1].dtype == np.int32
-    assert c.val[0].shape == (5, 32, 32, 1) and c.test[0].shape == (5, 32, 32, 1)
-    # Normalised with mean 0.5 / std 0.5: values in [-1, 1].
-    assert c.train[0].min() >= -1.0 and c.train[0].max() <= 1.0
-  # A black pixel maps to -1 (unnormalised it would stay 0).
-  (raw_train, _), _ = fmnist.load_idx(str(tmp_path))
-  assert raw_train.min() == 0
-  assert min(c.train[0].min() for c in task.clients) == pytest.approx(-1.0)
+    assert c.train[0].shape == (25, 28, 28, 1)  # Stored as loaded.
+    assert c.train[0].dtype == np.uint8 and c.train[1].dtype == np.int32
+    assert c.val[0].shape == (5, 28, 28, 1) and c.test[0].shape == (5, 28, 28, 1)
+  # Fed to the network at 32x32, normalised with mean 0.5 / std 0.5.
+  batch = next(iter(task.val_datasets(32)[0]))[0].numpy()
+  assert batch.shape == (5, 32, 32, 1)
+  assert batch.min() >= -1.0 and batch.max() <= 1.0
   # Train draws are disjoint; the 2n test parts are disjoint and cover 8*5.
   def keys(arrays):
     return {a.tobytes() for a in arrays[0]}
@@ -55,22 +58,26 @@ def test_build_task_follows_protocol(tmp_path):
       keys(c.test) for c in task.clients]
   assert len(set().union(*eval_sets)) == 40
   # Same seed, same partition; another seed, another.
-  again = fmnist.build_task(4, 25, seed=3, data_dir=str(tmp_path))
-  other = fmnist.build_task(4, 25, seed=4, data_dir=str(tmp_path))
+  again = fmnist.build(_options(tmp_path, num_clients=4, train_per_client=25,
+                                seed=3))
+  other = fmnist.build(_options(tmp_path, num_clients=4, train_per_client=25,
+                                seed=4))
   np.testing.assert_array_equal(again.clients[2].train[0],
                                 task.clients[2].train[0])
   assert not np.array_equal(other.clients[2].train[0],
                             task.clients[2].train[0])
+  assert 'client_0: train 25 / val 5 / test 5' in task.describe()
 
 
 def test_server_images_are_a_disjoint_slice(tmp_path):
   fake_data.write_fake_fmnist(str(tmp_path))
-  plain = fmnist.build_task(4, 20, seed=3, data_dir=str(tmp_path))
-  assert plain.server_images is None
-  task = fmnist.build_task(4, 20, seed=3, data_dir=str(tmp_path),
-                           server_size=15)
-  assert task.server_images.shape == (15, 32, 32, 1)
-  assert task.server_images.dtype == np.float32
+  plain = fmnist.build(_options(tmp_path, train_per_client=20, seed=3))
+  assert plain.server_images is None and plain.server_inputs() is None
+  task = fmnist.build(_options(tmp_path, train_per_client=20, seed=3,
+                               server_size=15))
+  assert task.server_images.shape == (15, 28, 28, 1)
+  inputs = task.server_inputs(32)
+  assert inputs.shape == (15, 32, 32, 1) and inputs.dtype == np.float32
   server = {a.tobytes() for a in task.server_images}
   assert len(server) == 15
   for c in task.clients:
@@ -81,83 +88,45 @@ def test_server_images_are_a_disjoint_slice(tmp_path):
     np.testing.assert_array_equal(a.test[1], b.test[1])
 
 
-def test_build_task_rejects_impossible_split(tmp_path):
+def test_build_rejects_impossible_split(tmp_path):
   fake_data.write_fake_fmnist(str(tmp_path))
   with pytest.raises(ValueError, match='need 500'):
-    fmnist.build_task(4, 125, data_dir=str(tmp_path))
+    fmnist.build(_options(tmp_path, train_per_client=125))
   with pytest.raises(ValueError, match="'idx' or 'tfds'"):
-    fmnist.build_task(source='csv', data_dir=str(tmp_path))
+    fmnist.build(_options(tmp_path, data_source='csv'))
 
 
 def test_tfds_source_with_mock_data():
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   with tfds.testing.mock_data(num_examples=60):
-    task = fmnist.build_task(num_clients=2, train_per_client=10, seed=1,
-                             source='tfds')
-  assert task.clients[0].train[0].shape == (10, 32, 32, 1)
-  assert task.clients[1].val[0].shape == (15, 32, 32, 1)
+    task = fmnist.build(TaskOptions(num_clients=2, train_per_client=10,
+                                    data_source='tfds'))
+  assert task.clients[0].train[0].shape == (10, 28, 28, 1)
+  assert task.clients[1].val[0].shape == (15, 28, 28, 1)
 
 
-def test_preprocess_resizes_and_normalises():
-  images = np.full((2, 28, 28), 255, np.uint8)
-  images[1] = 51  # 0.2 after scaling
-  out = image_task.preprocess(images, (0.5,), (0.5,))
-  assert out.shape == (2, 32, 32, 1)
-  np.testing.assert_allclose(out[0], 1.0, atol=1e-5)
-  np.testing.assert_allclose(out[1], -0.6, atol=1e-5)
-  rgb = np.zeros((1, 32, 32, 3), np.uint8)
-  out = image_task.preprocess(rgb, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-  np.testing.assert_allclose(out[0, 0, 0], [-0.485 / 0.229, -0.456 / 0.224,
-                                            -0.406 / 0.225], rtol=1e-5)
-
-
-def _epoch(ds):
-  return [b for b in ds.as_numpy_iterator()]
-
-
-def test_train_pipeline_shuffles_flips_and_is_seeded():
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(40, 32, 32, 1)).astype(np.float32)
-  y = np.arange(40, dtype=np.int32)
-  split = image_task.ClientSplit((x, y), (x[:4], y[:4]), (x[:4], y[:4]))
-  task = image_task.FederatedImageTask('t', (split,), 10, 1, seed=5)
-  ds = task.train_datasets(round_num=0, batch_size=8)[0]
-  first, second = _epoch(ds), _epoch(ds)
-  assert [b[0].shape[0] for b in first] == [8] * 5
-  labels1 = np.concatenate([b[1] for b in first])
-  labels2 = np.concatenate([b[1] for b in second])
-  assert sorted(labels1) == list(range(40))
-  assert not np.array_equal(labels1, labels2)  # Reshuffled each epoch.
-  images = np.concatenate([b[0] for b in first])
-  flipped = [np.array_equal(images[i], x[l][:, ::-1]) for i, l in
-             enumerate(labels1)]
-  kept = [np.array_equal(images[i], x[l]) for i, l in enumerate(labels1)]
-  assert all(f or k for f, k in zip(flipped, kept))
-  assert 5 <= sum(flipped) <= 35  # About half of them are mirrored.
-  # Reproducible: the same round gives the same batches, another round not.
-  same = _epoch(task.train_datasets(0, 8)[0])
-  np.testing.assert_array_equal(np.concatenate([b[0] for b in same]), images)
-  other = _epoch(task.train_datasets(1, 8)[0])
-  assert not np.array_equal(np.concatenate([b[1] for b in other]), labels1)
-
-
-def test_flips_are_independent_of_order_and_index():
-  # Each image is mirrored with probability 1/2 whatever its index: measured
-  # separately on even and odd source indices over three epochs.
-  rng = np.random.default_rng(1)
-  n = 400
-  x = rng.normal(size=(n, 32, 32, 1)).astype(np.float32)
-  y = np.arange(n, dtype=np.int32)
-  split = image_task.ClientSplit((x, y), (x[:4], y[:4]), (x[:4], y[:4]))
-  task = image_task.FederatedImageTask('t', (split,), 10, 1, seed=2)
-  ds = task.train_datasets(round_num=3, batch_size=50)[0]
-  flipped = {0: [], 1: []}
-  for _ in range(3):
-    for images, labels in ds.as_numpy_iterator():
-      for image, label in zip(images, labels):
-        flipped[label % 2].append(not np.array_equal(image, x[label]))
-  for parity, draws in flipped.items():
-    assert 0.42 < np.mean(draws) < 0.58, (parity, np.mean(draws))
+def test_feature_shift_gives_each_client_its_domain(tmp_path):
+  fake_data.write_fake_fmnist(str(tmp_path))
+  plain = fmnist.build(_options(tmp_path, num_clients=5, train_per_client=20))
+  shifted = fmnist_shift.build(_options(tmp_path, num_clients=5,
+                                        train_per_client=20))
+  assert shifted.client_names == ('client_0_rotate', 'client_1_invert',
+                                  'client_2_blur', 'client_3_noise',
+                                  'client_4_contrast')
+  p = [c.train[0].astype(np.float32) for c in plain.clients]
+  s = [c.train[0].astype(np.float32) for c in shifted.clients]
+  np.testing.assert_array_equal(s[0], np.rot90(p[0], 1, axes=(1, 2)))
+  np.testing.assert_array_equal(s[1], 255 - p[1])
+  assert s[2].std() < p[2].std()  # Blurred.
+  assert 20 < np.abs(s[3] - p[3]).mean() < 45  # Noise of std 40, clipped.
+  np.testing.assert_allclose(s[4].std(), 0.4 * p[4].std(), rtol=0.02)
+  # Same labels, and the shift reaches validation and test too.
+  for a, b in zip(plain.clients, shifted.clients):
+    np.testing.assert_array_equal(a.train[1], b.train[1])
+  np.testing.assert_array_equal(shifted.clients[1].test[0],
+                                255 - plain.clients[1].test[0])
+  with pytest.raises(ValueError, match='unknown shift'):
+    fmnist_shift.shift('swirl', plain.clients[0].train[0], 0)
 
 
 if __name__ == '__main__':

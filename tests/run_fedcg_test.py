@@ -30,6 +30,10 @@ def _run(args, timeout=600):
     ('--prox_mu=-0.1', '--prox_mu must be >= 0'),
     ('--server_data_size=100', '--server_data_size is only used by '
      '--algorithm=feddf'),
+    ('--task=mnist', 'flag --task=mnist'),
+    ('--model=vgg', 'flag --model=vgg'),
+    ('--dirichlet_alpha=0', '--dirichlet_alpha must be > 0'),
+    ('--noise_std=0.1', '--noise_std is only used with --add_noise'),
 ])
 def test_invalid_flag_fails_at_start_naming_it(tmp_path, flag, message):
   rc, _, err = _run([f'--output_dir={tmp_path / "out"}', flag], timeout=60)
@@ -66,6 +70,7 @@ def test_tiny_run_end_to_end(tmp_path):
       '--gan_epochs=1', '--server_epochs=1', '--server_steps_per_epoch=2'])
   assert rc == 0, err[-3000:]
   assert 'round 1/2' in stdout and 'round 2/2' in stdout and 'ETA' in stdout
+  assert 'task fmnist: 2 clients' in stdout  # The task's description.
   assert 'test_acc_at_best_val' in stdout and 'mean' in stdout
   results = json.loads((out / 'results.json').read_text())
   assert results['rounds_run'] == 2
@@ -78,10 +83,29 @@ def test_tiny_run_end_to_end(tmp_path):
              for f in os.listdir(out / 'tensorboard'))
 
 
-def test_algorithm_flag_lists_every_registered_algorithm():
+def test_flags_list_every_registered_algorithm_and_task():
   from binaries import run_fedcg  # pylint: disable=g-import-not-at-top
   from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import config  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import models  # pylint: disable=g-import-not-at-top
+  from tasks import registry  # pylint: disable=g-import-not-at-top
   assert run_fedcg.ALGORITHMS == algorithms.ALGORITHMS
+  assert run_fedcg.TASKS == tuple(registry.TASKS)
+  assert config.MODELS == models.MODELS
+
+
+def test_task_errors_name_the_flag(tmp_path):
+  rc, _, err = _run([f'--output_dir={tmp_path / "out"}', '--task=digit5',
+                     f'--data_dir={tmp_path / "none"}'], timeout=120)
+  assert rc != 0 and '--task=digit5' in err and 'none' in err
+  assert not (tmp_path / 'out').exists()
+  data = tmp_path / 'idx'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
+  rc, _, err = _run([f'--output_dir={tmp_path / "out"}',
+                     '--task=office_caltech10', '--algorithm=feddf',
+                     f'--data_dir={data}'], timeout=120)
+  assert rc != 0 and 'needs unlabeled server data' in err
 
 
 def test_feddf_run_uses_disjoint_server_data(tmp_path):
@@ -100,7 +124,7 @@ def test_feddf_run_uses_disjoint_server_data(tmp_path):
       '--rounds=1', '--local_epochs=1', '--server_epochs=1',
       '--server_steps_per_epoch=2'])
   assert rc == 0, err[-3000:]
-  assert '20 unlabeled server images' in stdout
+  assert 'server: 20 unlabeled images' in stdout
   results = json.loads((out / 'results.json').read_text())
   assert results['algorithm'] == 'feddf' and results['rounds_run'] == 1
   header = (out / 'metrics.csv').read_text().splitlines()[0].split(',')

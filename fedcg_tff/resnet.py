@@ -1,0 +1,110 @@
+"""The ResNet-18 split of the spec (224x224 inputs), NHWC.
+
+E = stem + layer1 + layer2, then a sigmoid: features 28x28x128.
+C = layer3 + layer4 + global average pool + dense: logits.
+G(z, y) and D(f, y) have the LeNet pair's structure (label embedding, BN,
+LeakyReLU 0.2, spectral norm in D) with 4x4 kernels and two stride-2 stages
+to reach (G) or leave (D) the 28x28 feature map.
+
+Residual blocks follow torchvision's BasicBlock (3x3 convs without bias,
+batch norm, 1x1 projection shortcut when the shape changes); batch norm uses
+PyTorch's momentum and epsilon, as in `networks`.
+"""
+
+import tensorflow as tf
+
+from fedcg_tff import networks
+
+FEATURE_SHAPE = (28, 28, 128)
+IMAGE_SIZE = 224
+
+
+def _bn():
+  return tf.keras.layers.BatchNormalization(
+      momentum=networks.BN_MOMENTUM, epsilon=networks.BN_EPSILON)
+
+
+def _block(x, filters, stride, name):
+  shortcut = x
+  y = tf.keras.layers.Conv2D(filters, 3, stride, padding='same',
+                             use_bias=False, name=f'{name}_conv1')(x)
+  y = tf.keras.layers.ReLU()(_bn()(y))
+  y = tf.keras.layers.Conv2D(filters, 3, padding='same', use_bias=False,
+                             name=f'{name}_conv2')(y)
+  y = _bn()(y)
+  if stride != 1 or x.shape[-1] != filters:
+    shortcut = tf.keras.layers.Conv2D(filters, 1, stride, use_bias=False,
+                                      name=f'{name}_down')(x)
+    shortcut = _bn()(shortcut)
+  return tf.keras.layers.ReLU()(tf.keras.layers.Add()([y, shortcut]))
+
+
+def _layer(x, filters, stride, name):
+  x = _block(x, filters, stride, f'{name}_0')
+  return _block(x, filters, 1, f'{name}_1')
+
+
+def build_extractor(channels: int = 3) -> tf.keras.Model:
+  x = inputs = tf.keras.Input((IMAGE_SIZE, IMAGE_SIZE, channels), name='image')
+  x = tf.keras.layers.Conv2D(64, 7, 2, padding='same', use_bias=False,
+                             name='stem_conv')(x)
+  x = tf.keras.layers.ReLU()(_bn()(x))
+  x = tf.keras.layers.MaxPooling2D(3, 2, padding='same')(x)
+  x = _layer(x, 64, 1, 'layer1')
+  x = _layer(x, 128, 2, 'layer2')
+  x = tf.keras.layers.Activation('sigmoid')(x)
+  return tf.keras.Model(inputs, x, name='extractor')
+
+
+def build_classifier(num_classes: int = 10) -> tf.keras.Model:
+  x = inputs = tf.keras.Input(FEATURE_SHAPE, name='features')
+  x = _layer(x, 256, 2, 'layer3')
+  x = _layer(x, 512, 2, 'layer4')
+  x = tf.keras.layers.GlobalAveragePooling2D()(x)
+  logits = tf.keras.layers.Dense(num_classes, name='logits')(x)
+  return tf.keras.Model(inputs, logits, name='classifier')
+
+
+def build_generator(num_classes: int = 10,
+                    noise_dim: int = 100) -> tf.keras.Model:
+  """1x1 -> 4 -> 7 (4x4 valid) -> 14 -> 28 (4x4 stride 2) x 128, sigmoid."""
+  z = tf.keras.Input((noise_dim,), name='noise')
+  y = tf.keras.Input((), dtype=tf.int32, name='label')
+  emb = networks.label_embedding(num_classes, 'label_embedding')(y)
+  x = tf.keras.layers.Concatenate()([z, emb])
+  x = tf.keras.layers.Reshape((1, 1, noise_dim + num_classes))(x)
+  for i, (filters, stride, padding) in enumerate(
+      ((512, 1, 'valid'), (256, 1, 'valid'), (128, 2, 'same'))):
+    x = tf.keras.layers.Conv2DTranspose(
+        filters, 4, stride, padding=padding, use_bias=False,
+        kernel_initializer=networks.gan_kernel_init(),
+        name=f'deconv{i + 1}')(x)
+    x = networks.gan_batch_norm()(x)
+    x = tf.keras.layers.LeakyReLU(networks.LEAKY_SLOPE)(x)
+  x = tf.keras.layers.Conv2DTranspose(
+      FEATURE_SHAPE[-1], 4, 2, padding='same', use_bias=False,
+      activation='sigmoid', kernel_initializer=networks.gan_kernel_init(),
+      name='deconv4')(x)
+  return tf.keras.Model([z, y], x, name='generator')
+
+
+def build_discriminator(num_classes: int = 10) -> tf.keras.Model:
+  """28 -> 14 -> 7 (4x4 stride 2) -> 4 -> 1 (4x4 valid) -> logit."""
+  f = tf.keras.Input(FEATURE_SHAPE, name='features')
+  y = tf.keras.Input((), dtype=tf.int32, name='label')
+  emb = networks.label_embedding(num_classes, 'label_embedding')(y)
+  emb = tf.keras.layers.Reshape((1, 1, num_classes))(emb)
+  emb = tf.keras.layers.UpSampling2D(FEATURE_SHAPE[:2])(emb)
+  x = tf.keras.layers.Concatenate()([f, emb])
+  for i, (filters, stride, padding) in enumerate(
+      ((128, 2, 'same'), (256, 2, 'same'), (512, 1, 'valid'))):
+    x = networks.SpectralNormConv2D(
+        filters, 4, stride, padding=padding, use_bias=False,
+        kernel_initializer=networks.gan_kernel_init(), name=f'conv{i + 1}')(x)
+    x = networks.gan_batch_norm()(x)
+    x = tf.keras.layers.LeakyReLU(networks.LEAKY_SLOPE)(x)
+  x = networks.SpectralNormConv2D(
+      1, 4, use_bias=False, kernel_initializer=networks.gan_kernel_init(),
+      name='conv4')(x)
+  return tf.keras.Model([f, y], tf.keras.layers.Reshape(())(x),
+                        name='discriminator')

@@ -1,0 +1,72 @@
+"""Digit5 (non-IID by domain): MNIST-M, SVHN, SynDigits and USPS are the
+four clients; MNIST is held out as FedDF's server data.
+
+Each domain comes from an image folder
+`<data_dir>/<domain>/{train_images,test_images}/<digit>/*.png` (domains
+`mnistm`, `svhn`, `syn`, `usps`, `mnist`; digit folders `0`..`9`), or, for
+the domains TFDS has (`svhn` as `svhn_cropped`, `mnist`), from TFDS when that
+folder is absent. Per domain: `train_per_client` training images drawn at
+random (2000 in the spec); the test split is halved into validation and test.
+All images are RGB (grey domains are repeated over three channels) at
+`image_size`, normalised with the ImageNet mean/std.
+"""
+
+import os
+
+import numpy as np
+
+from tasks import domain_split
+from tasks import image_folder
+from tasks import image_task
+from tasks import tfds_loader
+from tasks.cifar10 import IMAGENET_MEAN, IMAGENET_STD
+from tasks.options import TaskOptions
+
+DOMAINS = ('mnistm', 'svhn', 'syn', 'usps')
+SERVER_DOMAIN = 'mnist'
+TFDS_NAMES = {'svhn': 'svhn_cropped', 'mnist': 'mnist'}
+CLASSES = [str(d) for d in range(10)]
+LAYOUT = '<data_dir>/<domain>/{train_images,test_images}/<digit>/*.png'
+
+
+def load_domain(domain: str, options: TaskOptions):
+  """(train, test) uint8 RGB arrays of one domain, from its folder or TFDS."""
+  root = options.data_dir
+  folder = os.path.join(root, domain) if root else None
+  if folder and os.path.isdir(folder):
+    return tuple(image_folder.load_class_folders(
+        os.path.join(folder, part), CLASSES, options.image_size, channels=3)
+                 for part in ('train_images', 'test_images'))
+  if domain not in TFDS_NAMES:
+    raise FileNotFoundError(
+        f'Digit5 domain {domain!r}: folder {folder or "<data_dir>/" + domain!r}'
+        f' not found (expected {LAYOUT}; pass --data_dir), and TFDS has no '
+        f'{domain} dataset')
+  return tuple(tfds_loader.load(TFDS_NAMES[domain], ['train', 'test'],
+                                image_size=options.image_size, channels=3))
+
+
+def build(options: TaskOptions) -> image_task.FederatedImageTask:
+  domain_split.check_num_clients(options, DOMAINS, 'digit5')
+  if options.data_dir is None:
+    # Without a root only the TFDS domains could load: say what is missing.
+    missing = [d for d in DOMAINS if d not in TFDS_NAMES]
+    raise FileNotFoundError(
+        f'digit5 needs --data_dir: domains {missing} are read from image '
+        f'folders laid out {LAYOUT}')
+  image_folder.require_dir(options.data_dir, 'Digit5 root (--data_dir)')
+  rng = np.random.default_rng(options.seed)
+  splits = []
+  for domain in DOMAINS:
+    train, test = load_domain(domain, options)
+    train = domain_split.sample(train, options.train_per_client, rng,
+                                f'Digit5 domain {domain!r} training split')
+    val, test = domain_split.split_fractions(test, (0.5, 0.5), rng)
+    splits.append(image_task.ClientSplit(train, val, test))
+  server = None
+  if options.server_size:
+    server_train, _ = load_domain(SERVER_DOMAIN, options)
+    server = domain_split.sample(server_train, options.server_size, rng,
+                                 'Digit5 server domain mnist')[0]
+  return domain_split.build('digit5', DOMAINS, splits, options, 10,
+                            IMAGENET_MEAN, IMAGENET_STD, server)

@@ -1,0 +1,58 @@
+"""Reading TFDS image datasets into uint8 arrays, with a clear error when a
+dataset is not there.
+
+Nothing is downloaded from here: on an offline machine a download would hang
+in retries. A missing dataset is reported with the command that prepares it
+(`tfds build <name>`, on a machine with access, into the same data_dir).
+"""
+
+import numpy as np
+
+
+def load(name: str, splits: list[str], data_dir: str | None = None,
+         image_size: int | None = None, channels: int | None = None
+         ) -> list[tuple[np.ndarray, np.ndarray]]:
+  """(images uint8 NHWC, labels int32) per split of TFDS dataset `name`.
+
+  With `image_size`, every image is resized (bilinear) to that square size
+  as it is read, which also lets datasets of varying image sizes (DomainNet)
+  be stacked; with `channels=3`, grey images are repeated over RGB.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    datasets = tfds.load(name, split=splits, data_dir=data_dir,
+                         download=False)
+  except Exception as e:  # pylint: disable=broad-except
+    # TFDS raises DatasetNotFoundError, AssertionError or FileNotFoundError
+    # depending on what is missing; all mean the same to the user.
+    where = data_dir or '~/tensorflow_datasets'
+    raise FileNotFoundError(
+        f'TFDS dataset {name!r} (splits {splits}) is not prepared in {where} '
+        f'and is not downloaded from here: run `tfds build {name} '
+        f'--data_dir={where}` where the network allows, or use the '
+        f'image-folder source ({type(e).__name__}: {e})') from None
+
+  def convert(example):
+    image = example['image']
+    if channels == 3 and image.shape[-1] == 1:
+      image = tf.image.grayscale_to_rgb(image)
+    if image_size is not None:
+      image = tf.image.resize(tf.cast(image, tf.float32),
+                              (image_size, image_size), method='bilinear')
+      image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+    return image, example['label']
+
+  out = []
+  for ds in datasets:
+    # Batched reads: `batch_size=-1` aborts under tfds.testing.mock_data.
+    images, labels = [], []
+    for batch in ds.map(convert).batch(10_000).as_numpy_iterator():
+      images.append(batch[0])
+      labels.append(batch[1])
+    images = np.concatenate(images)
+    if images.ndim == 3:
+      images = images[..., None]
+    out.append((images.astype(np.uint8), np.concatenate(labels).astype(
+        np.int32)))
+  return out

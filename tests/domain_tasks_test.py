@@ -1,0 +1,180 @@
+"""Digit5, Office-Caltech10, DomainNet and CIFAR-10 on data the tests make:
+image folders in the documented layouts and tfds.testing.mock_data."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tasks import cifar10
+from tasks import digit5
+from tasks import domainnet
+from tasks import office_caltech10
+from tasks import pooled
+from tasks import registry
+from tasks import tfds_loader
+from tasks.options import TaskOptions
+
+
+def _write_images(directory, count, size, channels, seed, ext='.png'):
+  os.makedirs(directory, exist_ok=True)
+  rng = np.random.default_rng(seed)
+  for i in range(count):
+    image = tf.constant(rng.integers(0, 256, (size, size, channels)),
+                        tf.uint8)
+    data = (tf.io.encode_png(image) if ext == '.png' else
+            tf.io.encode_jpeg(image))
+    tf.io.write_file(os.path.join(directory, f'{i}{ext}'), data)
+
+
+def _digit5_root(root, domains=digit5.DOMAINS + (digit5.SERVER_DOMAIN,)):
+  for d, domain in enumerate(domains):
+    grey = domain in ('usps', 'mnist')
+    for c in digit5.CLASSES:
+      for part, count in (('train_images', 3), ('test_images', 2)):
+        _write_images(os.path.join(root, domain, part, c), count,
+                      16 if domain == 'usps' else 28 if grey else 32,
+                      1 if grey else 3,
+                      seed=1000 * d + 10 * int(c) + (part == 'test_images'))
+  return str(root)
+
+
+def _domain_root(root, domains, classes, per_class=4, ext='.jpg'):
+  for d, domain in enumerate(domains):
+    for k, c in enumerate(classes):
+      _write_images(os.path.join(root, domain, c), per_class, 40, 3,
+                    seed=100 * d + k, ext=ext)
+  return str(root)
+
+
+def test_digit5_from_folders(tmp_path):
+  root = _digit5_root(tmp_path / 'digit5')
+  options = TaskOptions(data_dir=root, train_per_client=12, seed=4,
+                        server_size=5)
+  task = digit5.build(options)
+  assert task.client_names == ('mnistm', 'svhn', 'syn', 'usps')
+  for c in task.clients:
+    assert c.train[0].shape == (12, 32, 32, 3) and c.train[0].dtype == np.uint8
+    assert len(c.val[1]) == len(c.test[1]) == 10  # 20 test images halved.
+    assert set(np.concatenate([c.train[1], c.val[1], c.test[1]])) <= set(
+        range(10))
+  assert task.server_images.shape == (5, 32, 32, 3)  # From mnist, held out.
+  again = digit5.build(options)
+  for a, b in zip(task.clients, again.clients):
+    np.testing.assert_array_equal(a.train[0], b.train[0])
+  other = digit5.build(TaskOptions(data_dir=root, train_per_client=12, seed=5))
+  assert not np.array_equal(other.clients[0].train[1],
+                            task.clients[0].train[1])
+
+
+def test_digit5_takes_svhn_from_tfds_without_its_folder(tmp_path):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  root = _digit5_root(tmp_path / 'digit5', domains=('mnistm', 'syn', 'usps'))
+  with tfds.testing.mock_data(num_examples=30):
+    task = digit5.build(TaskOptions(data_dir=root, train_per_client=12))
+  svhn = task.clients[1]
+  assert svhn.train[0].shape == (12, 32, 32, 3)
+  assert len(svhn.val[1]) == 15
+
+
+def test_digit5_errors_name_what_is_missing(tmp_path):
+  with pytest.raises(FileNotFoundError, match='digit5 needs --data_dir'):
+    digit5.build(TaskOptions())
+  root = _digit5_root(tmp_path / 'd5', domains=('svhn', 'syn', 'usps'))
+  with pytest.raises(FileNotFoundError, match="domain 'mnistm'.*mnistm"):
+    digit5.build(TaskOptions(data_dir=root, train_per_client=12))
+  root = _digit5_root(tmp_path / 'd5b')
+  with pytest.raises(ValueError, match='fewer than the 100 requested'):
+    digit5.build(TaskOptions(data_dir=root, train_per_client=100))
+  with pytest.raises(ValueError, match='num_clients must be 4'):
+    digit5.build(TaskOptions(data_dir=root, num_clients=3))
+
+
+@pytest.mark.parametrize('module', [office_caltech10, domainnet])
+def test_domain_folders_split_50_25_25(tmp_path, module):
+  root = _domain_root(tmp_path / 'data', module.DOMAINS, module.CLASSES)
+  options = TaskOptions(data_dir=root, seed=2)
+  task = module.build(options)
+  assert task.client_names == module.DOMAINS
+  assert task.num_classes == 10 and task.channels == 3
+  for c in task.clients:
+    assert (len(c.train[1]), len(c.val[1]), len(c.test[1])) == (20, 10, 10)
+    assert c.train[0].shape[1:] == (32, 32, 3)
+    together = np.concatenate([c.train[1], c.val[1], c.test[1]])
+    assert sorted(np.bincount(together)) == [4] * 10  # Every image once.
+  again = module.build(options)
+  np.testing.assert_array_equal(again.clients[1].val[0], task.clients[1].val[0])
+  bigger = module.build(TaskOptions(data_dir=root, image_size=64))
+  assert bigger.clients[0].train[0].shape[1:] == (64, 64, 3)
+
+
+def test_folder_errors_name_the_path(tmp_path):
+  classes = office_caltech10.CLASSES
+  with pytest.raises(FileNotFoundError, match='nowhere'):
+    office_caltech10.build(TaskOptions(data_dir=str(tmp_path / 'nowhere')))
+  root = _domain_root(tmp_path / 'office', ('amazon', 'dslr', 'webcam'),
+                      classes, per_class=1)
+  with pytest.raises(FileNotFoundError, match="domain 'caltech'"):
+    office_caltech10.build(TaskOptions(data_dir=root))
+  _domain_root(tmp_path / 'office', ('caltech',), classes[:-1], per_class=1)
+  with pytest.raises(FileNotFoundError, match='caltech/projector'):
+    office_caltech10.build(TaskOptions(data_dir=root))
+  os.makedirs(os.path.join(root, 'caltech', 'projector'))
+  with pytest.raises(ValueError, match='caltech/projector.*holds no image'):
+    office_caltech10.build(TaskOptions(data_dir=root))
+  bad = os.path.join(root, 'caltech', 'projector', 'broken.jpg')
+  with open(bad, 'wb') as f:
+    f.write(b'not a jpeg at all')
+  with pytest.raises(ValueError, match='broken.jpg: unreadable image'):
+    office_caltech10.build(TaskOptions(data_dir=root))
+
+
+def test_missing_tfds_dataset_is_named(tmp_path):
+  with pytest.raises(FileNotFoundError, match="'cifar10'.*tfds build cifar10"):
+    tfds_loader.load('cifar10', ['train'], data_dir=str(tmp_path))
+
+
+def test_cifar10_from_tfds_with_four_or_eight_clients():
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  with tfds.testing.mock_data(num_examples=400):
+    four = cifar10.build(TaskOptions(train_per_client=40))
+    eight = cifar10.build(TaskOptions(num_clients=8, train_per_client=20,
+                                      partition='dirichlet',
+                                      dirichlet_alpha=0.3))
+  assert four.num_clients == 4 and four.channels == 3
+  assert four.clients[0].train[0].shape == (40, 32, 32, 3)
+  assert four.mean == cifar10.IMAGENET_MEAN
+  assert eight.num_clients == 8
+  assert sum(len(c.train[1]) for c in eight.clients) == 160
+
+
+def test_domainnet_from_tfds_keeps_the_ten_classes():
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  with tfds.testing.mock_data(num_examples=800):
+    task = domainnet.build(TaskOptions(data_source='tfds', image_size=32))
+  for c in task.clients:
+    labels = np.concatenate([c.train[1], c.val[1], c.test[1]])
+    assert labels.max() < 10 and len(labels) > 0
+    assert c.train[0].shape[1:] == (32, 32, 3)
+
+
+def test_labels_outside_the_class_range_are_rejected():
+  images = np.zeros((20, 28, 28), np.uint8)
+  labels = np.arange(20) % 12  # 10 and 11 are not classes.
+  with pytest.raises(ValueError, match='label 10 outside'):
+    pooled.build('t', (images, labels), (images, labels % 10),
+                 TaskOptions(num_clients=2, train_per_client=5), 10, (0.5,),
+                 (0.5,))
+
+
+def test_registry_knows_every_task():
+  assert set(registry.TASKS) == {'fmnist', 'fmnist_shift', 'cifar10',
+                                 'digit5', 'office_caltech10', 'domainnet'}
+  assert set(registry.DEFAULT_SERVER_SIZE) == set(registry.TASKS)
+  with pytest.raises(ValueError, match='task must be one of'):
+    registry.build('imagenet', TaskOptions())
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

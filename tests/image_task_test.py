@@ -1,0 +1,108 @@
+"""Client pipelines: conversion, resizing, normalisation, flips, noise."""
+
+import numpy as np
+import pytest
+
+from tasks import image_task
+
+
+def _task(x, y, seed=5, noise_stds=(), mean=(0.0,), std=(1.0,), clients=1):
+  split = image_task.ClientSplit((x, y), (x[:4], y[:4]), (x[:4], y[:4]))
+  return image_task.FederatedImageTask(
+      't', (split,) * clients, 10, x.shape[-1], seed=seed, mean=mean, std=std,
+      noise_stds=noise_stds)
+
+
+def _epoch(ds):
+  return list(ds.as_numpy_iterator())
+
+
+def test_prepare_resizes_and_normalises():
+  images = np.full((2, 28, 28, 1), 255, np.uint8)
+  images[1] = 51  # 0.2 after scaling
+  task = _task(images, np.zeros(2, np.int32), mean=(0.5,), std=(0.5,))
+  out = _epoch(task.test_datasets(32)[0])[0][0]
+  assert out.shape == (2, 32, 32, 1)
+  np.testing.assert_allclose(out[0], 1.0, atol=1e-5)
+  np.testing.assert_allclose(out[1], -0.6, atol=1e-5)
+  rgb = np.zeros((1, 32, 32, 3), np.uint8)
+  task = _task(rgb, np.zeros(1, np.int32), mean=(0.485, 0.456, 0.406),
+               std=(0.229, 0.224, 0.225))
+  out = _epoch(task.test_datasets(224)[0])[0][0]
+  assert out.shape == (1, 224, 224, 3)  # ResNet's input size.
+  np.testing.assert_allclose(out[0, 0, 0], [-0.485 / 0.229, -0.456 / 0.224,
+                                            -0.406 / 0.225], rtol=1e-5)
+
+
+def test_train_pipeline_shuffles_flips_and_is_seeded():
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 256, (40, 32, 32, 1)).astype(np.uint8)
+  y = np.arange(40, dtype=np.int32)
+  task = _task(x, y)
+  ds = task.train_datasets(round_num=0, batch_size=8)[0]
+  first, second = _epoch(ds), _epoch(ds)
+  assert [b[0].shape[0] for b in first] == [8] * 5
+  labels1 = np.concatenate([b[1] for b in first])
+  labels2 = np.concatenate([b[1] for b in second])
+  assert sorted(labels1) == list(range(40))
+  assert not np.array_equal(labels1, labels2)  # Reshuffled each epoch.
+  images = np.concatenate([b[0] for b in first])
+  scaled = x.astype(np.float32) / 255.0
+  flipped = [np.allclose(images[i], scaled[l][:, ::-1]) for i, l in
+             enumerate(labels1)]
+  kept = [np.allclose(images[i], scaled[l]) for i, l in enumerate(labels1)]
+  assert all(f or k for f, k in zip(flipped, kept))
+  assert 5 <= sum(flipped) <= 35  # About half of them are mirrored.
+  # Reproducible: the same round gives the same batches, another round not.
+  same = _epoch(task.train_datasets(0, 8)[0])
+  np.testing.assert_array_equal(np.concatenate([b[0] for b in same]), images)
+  other = _epoch(task.train_datasets(1, 8)[0])
+  assert not np.array_equal(np.concatenate([b[1] for b in other]), labels1)
+
+
+def test_flips_are_independent_of_order_and_index():
+  # Each image is mirrored with probability 1/2 whatever its index: measured
+  # separately on even and odd source indices over three epochs.
+  rng = np.random.default_rng(1)
+  n = 400
+  x = rng.integers(0, 256, (n, 32, 32, 1)).astype(np.uint8)
+  y = np.arange(n, dtype=np.int32)
+  task = _task(x, y, seed=2)
+  ds = task.train_datasets(round_num=3, batch_size=50)[0]
+  flipped = {0: [], 1: []}
+  for _ in range(3):
+    for images, labels in ds.as_numpy_iterator():
+      for image, label in zip(images, labels):
+        flipped[label % 2].append(
+            not np.allclose(image, x[label].astype(np.float32) / 255.0))
+  for parity, draws in flipped.items():
+    assert 0.42 < np.mean(draws) < 0.58, (parity, np.mean(draws))
+
+
+def test_noise_std_grows_with_client_index():
+  assert image_task.noise_stds(5, 0.4) == pytest.approx(
+      (0.0, 0.1, 0.2, 0.3, 0.4))
+  assert image_task.noise_stds(1, 0.4) == (0.0,)
+  with pytest.raises(ValueError, match='noise_std'):
+    image_task.noise_stds(3, -1.0)
+  x = np.full((200, 32, 32, 1), 128, np.uint8)
+  y = np.zeros(200, np.int32)
+  stds = image_task.noise_stds(3, 0.5)
+  task = _task(x, y, noise_stds=stds, clients=3)
+  clean = 128 / 255.0
+  for i, ds in enumerate(task.test_datasets()):
+    batch = _epoch(ds)[0][0]
+    measured = float(np.std(batch - clean))
+    assert measured == pytest.approx(stds[i], abs=0.01), (i, measured)
+  # Evaluation noise is fixed (the same every time), training noise fresh.
+  a = _epoch(task.test_datasets()[2])[0][0]
+  b = _epoch(task.test_datasets()[2])[0][0]
+  np.testing.assert_array_equal(a, b)
+  ds = task.train_datasets(0, 200)[2]
+  e1, e2 = _epoch(ds)[0][0], _epoch(ds)[0][0]
+  assert not np.allclose(np.sort(e1.ravel()), np.sort(e2.ravel()))
+  assert 'input noise std 0.25' in task.describe()
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

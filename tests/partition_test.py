@@ -1,0 +1,67 @@
+"""Client partitions: IID protocol and Dirichlet label skew."""
+
+import numpy as np
+import pytest
+
+from tasks import partition
+
+
+def _labels(n, seed=0):
+  return np.random.default_rng(seed).integers(0, 10, n).astype(np.int32)
+
+
+def test_iid_sizes_disjoint_and_server_slice():
+  clients, server = partition.iid(1000, 200, 4, 100,
+                                  np.random.default_rng(0), server_size=300)
+  train = np.concatenate([c.train for c in clients] + [server])
+  assert len(train) == len(set(train.tolist())) == 700
+  assert all(len(c.val) == len(c.test) == 25 for c in clients)
+  with pytest.raises(ValueError, match='need 1100'):
+    partition.iid(1000, 200, 4, 200, np.random.default_rng(0), 300)
+
+
+def _skew(clients, labels):
+  """Mean over clients of the share of their most frequent class."""
+  return np.mean([np.bincount(labels[c.train], minlength=10).max() /
+                  len(c.train) for c in clients])
+
+
+def test_dirichlet_sums_up_is_seeded_and_skews_with_small_alpha():
+  train, test = _labels(5000), _labels(1000, 1)
+  split = lambda alpha, seed: partition.dirichlet(
+      train, test, 4, 500, alpha, np.random.default_rng(seed))[0]
+  clients = split(0.5, 0)
+  all_train = np.concatenate([c.train for c in clients])
+  assert len(all_train) == len(set(all_train.tolist())) == 2000  # Pool.
+  sizes = [len(c.train) for c in clients]
+  assert len(set(sizes)) > 1  # Sizes vary around 500.
+  evaluation = np.concatenate([np.concatenate([c.val, c.test])
+                               for c in clients])
+  assert len(evaluation) == len(set(evaluation.tolist())) <= 1000
+  # Seeded.
+  again = split(0.5, 0)
+  for a, b in zip(clients, again):
+    np.testing.assert_array_equal(a.train, b.train)
+  assert not np.array_equal(split(0.5, 1)[0].train, clients[0].train)
+  # Smaller alpha, more skew; large alpha is close to IID (~0.1 + noise).
+  skews = {a: np.mean([_skew(split(a, s), train) for s in range(5)])
+           for a in (0.1, 1.0, 100.0)}
+  assert skews[0.1] > skews[1.0] > skews[100.0]
+  assert skews[100.0] < 0.2 and skews[0.1] > 0.3
+  # Validation and test follow the client's label distribution.
+  big = clients[int(np.argmax(sizes))]
+  top = np.bincount(train[big.train], minlength=10).argmax()
+  assert np.bincount(test[big.test], minlength=10).argmax() == top
+
+
+def test_dirichlet_rejects_bad_alpha_and_empty_clients():
+  with pytest.raises(ValueError, match='dirichlet_alpha must be > 0'):
+    partition.dirichlet(_labels(100), _labels(20), 2, 10, 0.0,
+                        np.random.default_rng(0))
+  with pytest.raises(ValueError, match='drew no training example'):
+    partition.dirichlet(_labels(100), _labels(20), 20, 2, 1e-4,
+                        np.random.default_rng(0))
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

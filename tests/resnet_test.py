@@ -1,0 +1,52 @@
+"""The ResNet-18 split networks: shapes and seeded initialisation."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from fedcg_tff import models
+from fedcg_tff import networks
+from fedcg_tff import training_tf
+from fedcg_tff.config import FedCGConfig
+
+
+def test_resnet18_split_shapes():
+  config = FedCGConfig(model='resnet18', image_channels=3)
+  assert config.image_size == models.image_size('resnet18') == 224
+  assert models.feature_shape('resnet18') == (28, 28, 128)
+  nets = training_tf.Networks(config)
+  x = tf.random.normal([2, 224, 224, 3])
+  features = nets.extractor(x)
+  assert features.shape == (2, 28, 28, 128)  # 128x28x28 in NCHW terms.
+  assert float(tf.reduce_min(features)) >= 0.0  # Ends in a sigmoid.
+  assert float(tf.reduce_max(features)) <= 1.0
+  assert nets.classifier(features).shape == (2, 10)
+  y = tf.constant([1, 7])
+  fake = nets.generator([tf.random.normal([2, 100]), y], training=True)
+  assert fake.shape == (2, 28, 28, 128)
+  assert nets.discriminator([fake, y], training=True).shape == (2,)
+  # The classifier holds layer3 and layer4 (256 and 512 channels).
+  kernels = [w.shape for w in nets.classifier.weights if len(w.shape) == 4]
+  assert (3, 3, 128, 256) in kernels and (3, 3, 512, 512) in kernels
+  assert (7, 7, 3, 64) in [w.shape for w in nets.extractor.weights]
+
+
+def test_models_by_name():
+  assert models.image_size('lenet') == FedCGConfig().image_size == 32
+  assert models.feature_shape('lenet') == (5, 5, 16)
+  with pytest.raises(ValueError, match='model must be one of'):
+    models.build_extractor('vgg', 3)
+
+
+def test_resnet18_initial_weights_are_seeded():
+  extractor = models.build_extractor('resnet18', 3)
+  a = networks.sample_initial_weights(extractor, tf.constant(1, tf.int64))
+  b = networks.sample_initial_weights(extractor, tf.constant(1, tf.int64))
+  c = networks.sample_initial_weights(extractor, tf.constant(2, tf.int64))
+  assert len(a) == len(extractor.weights)
+  np.testing.assert_array_equal(a[0].numpy(), b[0].numpy())
+  assert not np.allclose(a[0].numpy(), c[0].numpy())
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))
