@@ -17,6 +17,7 @@ accuracy at its best-validation round, and their mean.
 import dataclasses
 import json
 import os
+import time
 
 from absl import app
 from absl import flags
@@ -24,13 +25,7 @@ from absl import logging
 
 from fedcg_tff import runtime  # Before TFF starts a worker: clean shutdown.
 from fedcg_tff.config import CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
-
-# The algorithm names, without importing TensorFlow before the flags are
-# checked (tests/run_fedcg_test.py checks this list against the registry).
-ALGORITHMS = ('local', 'fedavg', 'fedprox', 'fedsplit', 'feddf', 'fedgen',
-              'fedcg')
-TASKS = ('fmnist', 'fmnist_shift', 'cifar10', 'digit5', 'office_caltech10',
-         'domainnet')  # tasks.registry.TASKS, likewise.
+from fedcg_tff.names import ALGORITHMS, TASKS
 
 _DEFAULTS = FedCGConfig()
 
@@ -103,14 +98,21 @@ flags.DEFINE_string('data_dir', None,
                     'IDX directory (fmnist default: Debian\'s '
                     '/usr/share/datasets/fashion-mnist), image-folder root, '
                     'or TFDS data_dir.')
-flags.DEFINE_string('output_dir', None, 'New directory for TensorBoard '
-                    'summaries, metrics.csv and results.json.')
+flags.DEFINE_string('output_dir', None, 'Directory for TensorBoard '
+                    'summaries, metrics.csv, checkpoints and results.json. '
+                    'Rerunning the same command into it resumes after the '
+                    'last completed round.')
 flags.DEFINE_integer('max_concurrent_clients', -1,
                      'Client computations the TFF worker runs at once '
                      '(non-positive: all).')
 flags.mark_flag_as_required('output_dir')
 
 FLAGS = flags.FLAGS
+# Flags besides the FedCGConfig fields that decide a run's results: a rerun
+# into the same --output_dir resumes only if they are unchanged.
+RUN_FLAGS = ('algorithm', 'task', 'rounds', 'patience', 'num_clients',
+             'train_per_client', 'partition', 'dirichlet_alpha', 'add_noise',
+             'noise_std', 'server_data_size', 'data_source', 'data_dir')
 
 
 def config_from_flags() -> FedCGConfig:
@@ -184,18 +186,26 @@ def main(argv):
   from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
   from fedcg_tff import experiment  # pylint: disable=g-import-not-at-top
 
+  from fedcg_tff import checkpoint  # pylint: disable=g-import-not-at-top
+
   # Data first: a missing data set must not leave an output directory.
   task = load_task(config)
   config = dataclasses.replace(config, num_classes=task.num_classes,
                                image_channels=task.channels)
+  definition = {'config': dataclasses.asdict(config),
+                'run': {name: FLAGS[name].value for name in RUN_FLAGS}}
   try:
-    experiment.prepare_output_dir(FLAGS.output_dir)
+    resuming = experiment.prepare_output_dir(FLAGS.output_dir, definition)
   except (FileExistsError, OSError) as e:
     raise app.UsageError(str(e)) from None
-
-  with open(os.path.join(FLAGS.output_dir, 'config.json'), 'w') as f:
-    json.dump({'config': dataclasses.asdict(config),
-               'flags': FLAGS.flag_values_dict()}, f, indent=2, default=str)
+  results_path = os.path.join(FLAGS.output_dir, 'results.json')
+  if resuming and os.path.exists(results_path):
+    with open(results_path) as f:
+      done = json.load(f)
+    print(f'{FLAGS.output_dir} already holds this finished run '
+          f'({done["rounds_run"]} rounds): mean test accuracy at best '
+          f'validation {100 * done["mean_test_accuracy_at_best_val"]:.2f}%')
+    return
 
   runtime.set_local_cpp_context(FLAGS.max_concurrent_clients)
   print(task.describe(), flush=True)
@@ -205,6 +215,7 @@ def main(argv):
   algorithm = algorithms.build(FLAGS.algorithm, config, task.num_clients,
                                server_images=task.server_inputs(size))
   writer = experiment.MetricsWriter(FLAGS.output_dir)
+  started = time.monotonic()
   result = experiment.run(
       algorithm,
       train_data_fn=lambda r: task.train_datasets(r, config.batch_size, size),
@@ -213,7 +224,9 @@ def main(argv):
       max_rounds=FLAGS.rounds,
       patience=FLAGS.patience,
       writer=writer,
-      log=lambda line: print(line, flush=True))
+      log=lambda line: print(line, flush=True),
+      checkpoints=checkpoint.Checkpoints(
+          os.path.join(FLAGS.output_dir, 'checkpoints')))
 
   tracker = result.tracker
   summary = {
@@ -227,13 +240,17 @@ def main(argv):
       'best_val_accuracy': tracker.best_val,
       'test_accuracy_at_best_val': tracker.test_at_best,
       'mean_test_accuracy_at_best_val': tracker.mean_test,
+      'total_round_seconds': sum(result.round_seconds),
   }
-  with open(os.path.join(FLAGS.output_dir, 'results.json'), 'w') as f:
-    json.dump(summary, f, indent=2)
+  experiment.write_json_atomically(results_path, summary)
+  resumed = (f', resumed after round {result.resumed_from}'
+             if result.resumed_from else '')
   print(f'\nTest accuracy (%) at each client\'s best-validation round, after '
         f'{result.rounds_run} rounds'
-        f'{" (early stop)" if result.stopped_early else ""}, mean round time '
-        f'{summary["mean_round_seconds"]:.1f}s:')
+        f'{" (early stop)" if result.stopped_early else ""}{resumed}; '
+        f'rounds took {summary["total_round_seconds"]:.0f}s in all, '
+        f'{summary["mean_round_seconds"]:.1f}s on average; this invocation '
+        f'{time.monotonic() - started:.0f}s:')
   print(tracker.table(), flush=True)
   print(f'\nTensorBoard: tensorboard --logdir {writer.tensorboard_dir}')
 

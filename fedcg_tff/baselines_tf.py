@@ -221,9 +221,11 @@ def client_update(nets: Networks, baseline: Baseline, message: ServerMessage,
           y, nets.classifier(generated, training=True))
 
   num_examples = training_tf.count_examples(dataset)
-  optimizer, cls_loss, extra = training_tf.train_classifier(
-      nets, state.optimizer, dataset, config.local_epochs, extra_loss,
-      extra_weight)
+  # Passes over `dataset` in order: see training_tf.PASS_ORDER_NOTE.
+  with tf.control_dependencies([num_examples]):
+    optimizer, cls_loss, extra = training_tf.train_classifier(
+        nets, state.optimizer, dataset, config.local_epochs, extra_loss,
+        extra_weight)
   new_state = ClientState(
       extractor=networks.weight_values(nets.extractor),
       classifier=networks.weight_values(nets.classifier),

@@ -1,24 +1,36 @@
-"""The round loop shared by every algorithm: evaluate, record, early-stop.
+"""The round loop shared by every algorithm: evaluate, record, early-stop,
+checkpoint and resume.
 
-An algorithm is anything with `run_round(round_num, train_data) -> metrics`
-and `evaluate(val_data, test_data) -> (val_accuracies, test_accuracies)`;
-this module keeps the paper's bookkeeping (per client, the test accuracy at
-its best-validation round), writes every round's metrics to TensorBoard and
-CSV through `tff.program` release managers, prints progress, and stops after
-`patience` rounds in which no client reached a new best validation accuracy.
+An algorithm is anything with `run_round(round_num, train_data) -> metrics`,
+`evaluate(val_data, test_data) -> (val_accuracies, test_accuracies)` and
+`state()` / `restore(state)`; this module keeps the paper's bookkeeping (per
+client, the test accuracy at its best-validation round), writes every
+round's metrics to TensorBoard and CSV through `tff.program` release
+managers, prints progress, stops after `patience` rounds in which no client
+reached a new best validation accuracy, and (with `checkpoint.Checkpoints`)
+saves each completed round so that rerunning resumes where it stopped.
+
+A round's metrics are released before its state is saved: a crash between
+the two redoes that round on resume, and the CSV release manager replaces
+rows from the redone round on, so every round appears once.
 
 Rounds are numbered from 1 in everything a user reads (progress lines, the
 CSV and TensorBoard step, the final table); algorithms get 0-based indices.
 """
 
 import asyncio
+import csv
 import dataclasses
+import json
 import os
+import shutil
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import tensorflow_federated as tff
+
+from fedcg_tff import checkpoint
 
 
 class Algorithm(Protocol):
@@ -28,6 +40,12 @@ class Algorithm(Protocol):
 
   def evaluate(self, val_data: list,
                test_data: list) -> tuple[Sequence[float], Sequence[float]]:
+    ...
+
+  def state(self) -> Any:
+    ...
+
+  def restore(self, state: Any) -> None:
     ...
 
 
@@ -55,6 +73,16 @@ class BestTracker:
         improved = True
     return improved
 
+  def as_arrays(self) -> dict[str, np.ndarray]:
+    return {'best_val': np.asarray(self.best_val, np.float64),
+            'test_at_best': np.asarray(self.test_at_best, np.float64),
+            'best_round': np.asarray(self.best_round, np.int64)}
+
+  def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+    self.best_val = [float(v) for v in arrays['best_val']]
+    self.test_at_best = [float(v) for v in arrays['test_at_best']]
+    self.best_round = [int(v) for v in arrays['best_round']]
+
   @property
   def mean_test(self) -> float:
     return float(np.mean(self.test_at_best))
@@ -72,33 +100,107 @@ class BestTracker:
 
 
 class MetricsWriter:
-  """Each round's scalars to TensorBoard (`<dir>/tensorboard`) and CSV."""
+  """Each round's scalars to TensorBoard (`<dir>/tensorboard`) and CSV,
+  through `tff.program` release managers."""
 
   def __init__(self, output_dir: str):
     self.csv_path = os.path.join(output_dir, 'metrics.csv')
     self.tensorboard_dir = os.path.join(output_dir, 'tensorboard')
-    self._managers = [
-        tff.program.TensorBoardReleaseManager(self.tensorboard_dir),
-        tff.program.CSVFileReleaseManager(self.csv_path, key_fieldname='round'),
-    ]
+    self._managers = None
+
+  def _open(self):
+    if self._managers is None:
+      self._managers = [
+          tff.program.TensorBoardReleaseManager(self.tensorboard_dir),
+          tff.program.CSVFileReleaseManager(self.csv_path,
+                                            key_fieldname='round'),
+      ]
+    return self._managers
 
   def write(self, round_num: int, scalars: dict[str, float]) -> None:
     value = {k: np.float32(v) for k, v in scalars.items()}
 
     async def release_all():
       await asyncio.gather(*(m.release(value, key=round_num)
-                             for m in self._managers))
+                             for m in self._open()))
 
     asyncio.run(release_all())
 
+  def resume_after(self, rounds_done: int) -> None:
+    """Keeps the metrics of rounds 1..`rounds_done` only, once each.
 
-def prepare_output_dir(output_dir: str) -> None:
-  """Creates `output_dir`; refuses one that already holds results."""
+    The CSV is the record: its rows of later rounds (released before a crash
+    that lost their state) are dropped, and TensorBoard's event files, which
+    cannot be edited, are rewritten from the rows that remain.
+    """
+    rows = []
+    if os.path.exists(self.csv_path):
+      with open(self.csv_path, newline='') as f:
+        rows = [r for r in csv.DictReader(f)
+                if r.get('round') and int(r['round']) <= rounds_done]
+    if os.path.exists(self.csv_path):
+      os.remove(self.csv_path)
+    shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
+    self._managers = None
+    for row in rows:
+      self.write(int(row['round']), {k: float(v) for k, v in row.items()
+                                     if k != 'round' and v != ''})
+
+
+RUN_FILE = 'run.json'  # What defines the run in a directory: see below.
+
+
+def write_json_atomically(path: str, value) -> None:
+  """Writes JSON to a temporary file and renames it over `path`, so a crash
+  never leaves a half-written file."""
+  tmp = f'{path}.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(value, f, indent=2, default=str)
+  os.replace(tmp, path)
+
+
+def prepare_output_dir(output_dir: str, run_definition: dict) -> bool:
+  """Creates `output_dir` for a run, or accepts it for resuming.
+
+  `run_definition` (JSON-able: the flags that decide the results) is written
+  to `<output_dir>/run.json`. A directory that already holds a run is
+  accepted only if its definition is the same (the run then resumes, or is
+  already finished); one with another definition, or with files that are
+  not a run's, is refused with the differences named. Returns True if the
+  directory already held this run.
+  """
+  path = os.path.join(output_dir, RUN_FILE)
   if os.path.isdir(output_dir) and os.listdir(output_dir):
-    raise FileExistsError(
-        f'--output_dir {output_dir!r} is not empty; choose a new directory so '
-        'that no earlier results are overwritten')
+    if not os.path.exists(path):
+      raise FileExistsError(
+          f'--output_dir {output_dir!r} is not empty and holds no {RUN_FILE}: '
+          'choose a new directory so that nothing there is overwritten')
+    with open(path) as f:
+      stored = json.load(f)
+    normalise = lambda d: json.loads(json.dumps(d, default=str))
+    if normalise(stored) != normalise(run_definition):
+      raise FileExistsError(
+          f'--output_dir {output_dir!r} holds a run with other flags '
+          f'({_differences(normalise(stored), normalise(run_definition))}); '
+          'rerun with the same flags to resume it, or choose a new directory')
+    return True
   os.makedirs(output_dir, exist_ok=True)
+  write_json_atomically(path, run_definition)
+  return False
+
+
+def _differences(stored: dict, wanted: dict) -> str:
+  """'--name: stored x, given y' for each differing (nested) entry."""
+  out = []
+  for key in sorted(set(stored) | set(wanted)):
+    a, b = stored.get(key), wanted.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      inner = _differences(a, b)
+      if inner:
+        out.append(inner)
+    elif a != b:
+      out.append(f'--{key}: stored {a!r}, given {b!r}')
+  return '; '.join(out)
 
 
 def _duration(seconds: float) -> str:
@@ -114,6 +216,13 @@ class RunResult:
   rounds_run: int
   stopped_early: bool
   round_seconds: list
+  resumed_from: int = 0  # Rounds already done when this invocation began.
+
+
+def _loop_state(tracker: BestTracker, since_best: int,
+                round_seconds: list) -> dict[str, np.ndarray]:
+  return {**tracker.as_arrays(), 'since_best': np.int64(since_best),
+          'round_seconds': np.asarray(round_seconds + [0.0], np.float64)}
 
 
 def run(algorithm: Algorithm,
@@ -123,14 +232,36 @@ def run(algorithm: Algorithm,
         max_rounds: int,
         patience: int,
         writer: MetricsWriter | None = None,
-        log: Callable[[str], None] = print) -> RunResult:
-  """Runs up to `max_rounds` rounds with early stopping after `patience`."""
+        log: Callable[[str], None] = print,
+        checkpoints: checkpoint.Checkpoints | None = None) -> RunResult:
+  """Runs up to `max_rounds` rounds with early stopping after `patience`.
+
+  With `checkpoints`, each completed round's state is saved there, and a
+  run that finds saved rounds continues after the latest one.
+  """
   num_clients = len(val_data)
   tracker = BestTracker(num_clients)
   since_best = 0
   round_seconds = []
   rounds_run = 0
-  for round_num in range(max_rounds):
+  if checkpoints is not None:
+    template = {'algorithm': checkpoint.pack(algorithm.state()),
+                'loop': _loop_state(tracker, since_best, round_seconds)}
+    saved, rounds_run = checkpoints.load_latest(template)
+    if saved is not None:
+      algorithm.restore(checkpoint.unpack(saved['algorithm'],
+                                          algorithm.state()))
+      tracker.load_arrays(saved['loop'])
+      since_best = int(saved['loop']['since_best'])
+      round_seconds = [float(v) for v in saved['loop']['round_seconds'][:-1]]
+      log(f'resuming after round {rounds_run} (checkpoint in '
+          f'{checkpoints.directory})')
+  resumed_from = rounds_run
+  if writer is not None:
+    writer.resume_after(rounds_run)
+  if rounds_run and since_best >= patience:
+    return RunResult(tracker, rounds_run, True, round_seconds, resumed_from)
+  for round_num in range(rounds_run, max_rounds):
     start = time.perf_counter()
     metrics = dict(algorithm.run_round(round_num, train_data_fn(round_num)))
     val, test = algorithm.evaluate(val_data, test_data)
@@ -146,10 +277,14 @@ def run(algorithm: Algorithm,
     metrics['round_seconds'] = elapsed
     improved = tracker.update(rounds_run, val, test)
     metrics['mean/test_accuracy_at_best_val'] = tracker.mean_test
+    since_best = 0 if improved else since_best + 1
     if writer is not None:
       writer.write(rounds_run, metrics)
+    if checkpoints is not None:  # After the release: see the module doc.
+      checkpoints.save(rounds_run, {
+          'algorithm': checkpoint.pack(algorithm.state()),
+          'loop': _loop_state(tracker, since_best, round_seconds)})
 
-    since_best = 0 if improved else since_best + 1
     mean_time = float(np.mean(round_seconds))
     remaining = max_rounds - rounds_run
     log(f'round {rounds_run}/{max_rounds} | '
@@ -158,5 +293,5 @@ def run(algorithm: Algorithm,
         f'{elapsed:.1f}s | ETA <= {_duration(mean_time * remaining)} '
         f'({since_best}/{patience} rounds without a new best)')
     if since_best >= patience:
-      return RunResult(tracker, rounds_run, True, round_seconds)
-  return RunResult(tracker, rounds_run, False, round_seconds)
+      return RunResult(tracker, rounds_run, True, round_seconds, resumed_from)
+  return RunResult(tracker, rounds_run, False, round_seconds, resumed_from)

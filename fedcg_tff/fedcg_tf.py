@@ -241,9 +241,12 @@ def client_update(nets: Networks, message: ServerMessage, state: ClientState,
   gamma = gamma_ramp(message.round_num, config.gamma_ramp_rounds)
 
   num_examples = training_tf.count_examples(dataset)
-  cls_opt, cls_loss, dist_loss = train_classification(
-      nets, state.classification_optimizer, dataset, gamma, state.seed,
-      message.round_num)
+  # Passes over `dataset` in order: see training_tf.PASS_ORDER_NOTE. Stage 2
+  # follows stage 1 through the extractor's variables.
+  with tf.control_dependencies([num_examples]):
+    cls_opt, cls_loss, dist_loss = train_classification(
+        nets, state.classification_optimizer, dataset, gamma, state.seed,
+        message.round_num)
   d_opt, g_opt, d_loss, g_loss = train_gan(
       nets, state.discriminator_optimizer, state.generator_optimizer, dataset,
       state.seed, message.round_num)

@@ -214,6 +214,14 @@ class ProcessAlgorithm:
         self.server_state, self.client_states, train_data)
     return flatten_round_metrics(metrics)
 
+  def state(self):
+    """Everything a resumed run needs: (server state, client states)."""
+    return self.server_state, list(self.client_states)
+
+  def restore(self, state) -> None:
+    self.server_state, client_states = state
+    self.client_states = list(client_states)
+
   def evaluate(self, val_data: list, test_data: list):
     results = self._evaluate(self.client_states, val_data, test_data)
     return ([float(r.val_accuracy) for r in results],

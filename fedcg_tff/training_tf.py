@@ -190,8 +190,21 @@ def train_classifier(nets: Networks, optimizer_state, dataset, epochs: int,
   return optimizer_state, mean(cls_sum), mean(extra_sum)
 
 
+# PASS_ORDER_NOTE: every pass over a client dataset must be ordered after the
+# previous one. Training datasets re-randomise their order, flips and noise
+# on each pass (each new iterator), so which pass is which must not depend
+# on scheduling. Passes inside one loop are ordered, and loops that touch the
+# same variables are ordered by tf.function's automatic control
+# dependencies; but `count_examples` touches no variable, so its pass could
+# race the first training pass: callers put the training under
+# `tf.control_dependencies([num_examples])`. Without that, runs with the
+# same seed gave different results from one process to the next.
+
+
 def count_examples(dataset):
-  """n_i, the client's weight: examples in one pass over `dataset`."""
+  """n_i, the client's weight: examples in one pass over `dataset`.
+
+  Later passes must depend on the result: see PASS_ORDER_NOTE."""
   count = tf.constant(0, tf.int32)
   for _, y in iter(dataset):  # See ITERATE_NOTE.
     count += tf.shape(y)[0]

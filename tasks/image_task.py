@@ -7,6 +7,9 @@ adds the client's Gaussian input noise if the task has any, and (training
 only) flips at random. Each round asks for fresh training datasets whose
 shuffling, flips and noise are seeded by (task seed, round, client), so a run
 is reproducible and every round sees a different order, flips and noise.
+Each pass over a training dataset (each new iterator) redraws them: the
+passes must be made in a fixed order (fedcg_tff/training_tf.py,
+PASS_ORDER_NOTE).
 """
 
 import dataclasses
@@ -101,8 +104,8 @@ class FederatedImageTask:
   def _pipeline(self, client, arrays, image_size, batch_size=None, seed=None):
     images, labels = arrays
     mean, std, noise_std = self.mean, self.std, float(self.noise_stds[client])
-    ds = tf.data.Dataset.from_tensor_slices((images, labels))
     if seed is None:  # Evaluation: fixed order, fixed noise per example.
+      ds = tf.data.Dataset.from_tensor_slices((images, labels))
       draws = tf.data.Dataset.range(len(labels))
       flip = False
       batch_size = EVAL_BATCH_SIZE
@@ -112,8 +115,8 @@ class FederatedImageTask:
       # index.
       shuffle_seed, draw_seed = (
           int(s) for s in np.random.SeedSequence(seed).generate_state(2) >> 1)
-      ds = ds.shuffle(len(labels), seed=shuffle_seed,
-                      reshuffle_each_iteration=True)
+      ds = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(
+          len(labels), seed=shuffle_seed, reshuffle_each_iteration=True)
       draws = tf.data.Dataset.random(seed=draw_seed,
                                      rerandomize_each_iteration=True)
       flip = True

@@ -1,9 +1,14 @@
 """The shared round loop: best-validation bookkeeping and early stopping."""
 
 import csv
+import glob
+import json
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
+from fedcg_tff import checkpoint
 from fedcg_tff import experiment
 
 
@@ -20,6 +25,15 @@ class _ScriptedAlgorithm:
 
   def evaluate(self, val_data, test_data):
     return self.val[self._round], self.test[self._round]
+
+  def state(self):
+    return {'round': np.int32(getattr(self, '_round', -1)),
+            'weights': np.full([3], float(getattr(self, '_round', -1)),
+                               np.float32)}
+
+  def restore(self, state):
+    self._round = int(state['round'])
+    self.restored = state
 
 
 def test_tracker_keeps_test_at_best_validation():
@@ -70,14 +84,85 @@ def test_run_without_early_stop_runs_max_rounds():
   assert len(result.round_seconds) == 4
 
 
-def test_prepare_output_dir_refuses_existing_results(tmp_path):
+def test_prepare_output_dir_refuses_foreign_or_different_runs(tmp_path):
   (tmp_path / 'metrics.csv').write_text('round\n0\n')
-  with pytest.raises(FileExistsError, match='--output_dir'):
-    experiment.prepare_output_dir(str(tmp_path))
+  with pytest.raises(FileExistsError, match='--output_dir.*holds no run.json'):
+    experiment.prepare_output_dir(str(tmp_path), {'run': {'rounds': 3}})
   assert (tmp_path / 'metrics.csv').read_text() == 'round\n0\n'
   new = tmp_path / 'new'
-  experiment.prepare_output_dir(str(new))
-  assert new.is_dir()
+  definition = {'config': {'lr': 0.001}, 'run': {'rounds': 3}}
+  assert not experiment.prepare_output_dir(str(new), definition)
+  assert json.loads((new / 'run.json').read_text()) == definition
+  assert experiment.prepare_output_dir(str(new), definition)  # Resumable.
+  with pytest.raises(FileExistsError,
+                     match=r'--lr: stored 0.001, given 0.01.*same flags'):
+    experiment.prepare_output_dir(
+        str(new), {'config': {'lr': 0.01}, 'run': {'rounds': 3}})
+  assert json.loads((new / 'run.json').read_text()) == definition
+
+
+def _tensorboard_steps(directory):
+  steps = []
+  for path in glob.glob(f'{directory}/**/events.out.tfevents*',
+                        recursive=True):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.tag == 'mean/val_accuracy':
+          steps.append(event.step)
+  return sorted(steps)
+
+
+def test_run_resumes_from_checkpoints(tmp_path):
+  val = [[0.1 * r, 0.2] for r in range(6)]
+  test = [[0.05 * r, 0.1] for r in range(6)]
+  checkpoints = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
+  writer = experiment.MetricsWriter(str(tmp_path))
+  first = _ScriptedAlgorithm(val, test)
+  experiment.run(first, lambda r: [r], [None, None], [None, None],
+                 max_rounds=3, patience=9, writer=writer, log=lambda _: None,
+                 checkpoints=checkpoints)
+  assert checkpoints.latest_round() == 3
+  # A crash after round 4's metrics were released, before its state was
+  # saved: the CSV holds a row that the resumed run must replace.
+  experiment.MetricsWriter(str(tmp_path)).write(4, {'mean/val_accuracy': 9.0})
+  lines = []
+  second = _ScriptedAlgorithm(val, test)
+  result = experiment.run(second, lambda r: [r], [None, None], [None, None],
+                          max_rounds=6, patience=9,
+                          writer=experiment.MetricsWriter(str(tmp_path)),
+                          log=lines.append, checkpoints=checkpoints)
+  assert lines[0].startswith('resuming after round 3')
+  assert [r for r, _ in second.rounds] == [3, 4, 5]  # None lost or repeated.
+  assert int(second.restored['round']) == 2
+  np.testing.assert_array_equal(second.restored['weights'], [2.0] * 3)
+  assert result.rounds_run == 6 and result.resumed_from == 3
+  assert result.tracker.best_round == [6, 1]
+  assert len(result.round_seconds) == 6
+  with open(tmp_path / 'metrics.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert [int(r['round']) for r in rows] == [1, 2, 3, 4, 5, 6]
+  assert float(rows[3]['mean/val_accuracy']) == pytest.approx(0.25)  # Not 9.
+  assert _tensorboard_steps(tmp_path / 'tensorboard') == [1, 2, 3, 4, 5, 6]
+  # A finished run that is started again does nothing more.
+  third = _ScriptedAlgorithm(val, test)
+  again = experiment.run(third, lambda r: [r], [None, None], [None, None],
+                         max_rounds=6, patience=9, log=lambda _: None,
+                         checkpoints=checkpoints)
+  assert third.rounds == [] and again.rounds_run == 6
+
+
+def test_pack_and_unpack_round_trip():
+  structure = ({'a': np.arange(6, dtype=np.float32).reshape(2, 3),
+                'b': (np.int32(7), np.arange(3, dtype=np.int64))},
+               [np.ones(2, np.float32)])
+  packed = checkpoint.pack(structure)
+  assert sorted(packed) == ['float32', 'int32', 'int64']
+  assert packed['float32'].shape == (8,)
+  back = checkpoint.unpack(packed, structure)
+  np.testing.assert_array_equal(back[0]['a'], structure[0]['a'])
+  assert back[0]['b'][0].dtype == np.int32 and int(back[0]['b'][0]) == 7
+  with pytest.raises(ValueError, match='other flags'):
+    checkpoint.unpack(packed, (structure, [np.ones(1, np.float32)]))
 
 
 if __name__ == '__main__':

@@ -1,11 +1,16 @@
 """The binary: flag validation at start, and a tiny run end to end."""
 
+import csv
+import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
+import tensorflow as tf
 
 from tests import fake_data
 
@@ -75,8 +80,9 @@ def test_tiny_run_end_to_end(tmp_path):
   results = json.loads((out / 'results.json').read_text())
   assert results['rounds_run'] == 2
   assert len(results['test_accuracy_at_best_val']) == 2
-  config = json.loads((out / 'config.json').read_text())
-  assert config['config']['server_steps_per_epoch'] == 2
+  definition = json.loads((out / 'run.json').read_text())
+  assert definition['config']['server_steps_per_epoch'] == 2
+  assert definition['run']['rounds'] == 2
   rows = (out / 'metrics.csv').read_text().splitlines()
   assert len(rows) == 3
   assert any(f.startswith('events.out.tfevents')
@@ -129,6 +135,85 @@ def test_feddf_run_uses_disjoint_server_data(tmp_path):
   assert results['algorithm'] == 'feddf' and results['rounds_run'] == 1
   header = (out / 'metrics.csv').read_text().splitlines()[0].split(',')
   assert 'server/server_loss' in header
+
+
+_TINY_RUN = ['--num_clients=2', '--train_per_client=16', '--local_epochs=1',
+             '--gan_epochs=1', '--server_epochs=1',
+             '--server_steps_per_epoch=2', '--rounds=4', '--patience=9']
+_TIMING = ('round_seconds', 'mean_round_seconds', 'total_round_seconds')
+
+
+def _metrics_without_timing(out):
+  with open(out / 'metrics.csv', newline='') as f:
+    rows = list(csv.DictReader(f))
+  return [{k: v for k, v in r.items() if k not in _TIMING} for r in rows]
+
+
+def _results_without_timing(out):
+  results = json.loads((out / 'results.json').read_text())
+  return {k: v for k, v in results.items() if k not in _TIMING}
+
+
+def _fake_idx(tmp_path):
+  data = tmp_path / 'idx'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
+  return data
+
+
+def test_same_flags_give_the_same_metrics(tmp_path):
+  data = _fake_idx(tmp_path)
+  outs = [tmp_path / 'a', tmp_path / 'b']
+  for out in outs:
+    rc, _, err = _run([f'--output_dir={out}', f'--data_dir={data}',
+                       *_TINY_RUN])
+    assert rc == 0, err[-3000:]
+  first = _metrics_without_timing(outs[0])
+  assert len(first) == 4 and 'client_1/g_loss' in first[0]
+  assert first == _metrics_without_timing(outs[1])
+  assert _results_without_timing(outs[0]) == _results_without_timing(outs[1])
+
+
+def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
+  data = _fake_idx(tmp_path)
+  args = [f'--data_dir={data}', *_TINY_RUN]
+  whole, broken = tmp_path / 'whole', tmp_path / 'broken'
+  rc, _, err = _run([f'--output_dir={whole}', *args])
+  assert rc == 0, err[-3000:]
+
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'binaries.run_fedcg', f'--output_dir={broken}',
+       *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL, start_new_session=True)
+  deadline = time.time() + 300
+  while not (broken / 'checkpoints' / 'round_2').exists():
+    assert proc.poll() is None, 'the run ended before it could be killed'
+    assert time.time() < deadline
+    time.sleep(0.2)
+  os.killpg(proc.pid, signal.SIGKILL)  # Power loss: no handler runs.
+  proc.wait()
+  assert not (broken / 'results.json').exists()
+
+  rc, stdout, err = _run([f'--output_dir={broken}', *args])
+  assert rc == 0, err[-3000:]
+  assert 'resuming after round' in stdout
+  assert _metrics_without_timing(broken) == _metrics_without_timing(whole)
+  assert _results_without_timing(broken) == _results_without_timing(whole)
+  # TensorBoard holds every round once.
+  steps = []
+  for path in glob.glob(f'{broken}/tensorboard/**/events.out.tfevents*',
+                        recursive=True):
+    steps += [e.step for e in tf.compat.v1.train.summary_iterator(path)
+              for v in e.summary.value if v.tag == 'mean/val_accuracy']
+  assert sorted(steps) == [1, 2, 3, 4]
+  # Rerunning a finished run does nothing and says so.
+  rc, stdout, _ = _run([f'--output_dir={broken}', *args], timeout=120)
+  assert rc == 0 and 'already holds this finished run' in stdout
+  # Other flags into the same directory are refused, naming the flag.
+  rc, _, err = _run([f'--output_dir={broken}', *args, '--lr=0.001'],
+                    timeout=120)
+  assert rc != 0 and '--lr: stored 0.0003, given 0.001' in err
 
 
 if __name__ == '__main__':

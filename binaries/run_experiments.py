@@ -1,0 +1,147 @@
+r"""Sweeps algorithms x tasks x seeds and writes the paper's Table 1 and
+Figure 5 from the results.
+
+  .venv/bin/python -m binaries.run_experiments --output_dir=runs/sweep \
+      --algorithms=local,fedavg,fedcg --tasks=fmnist --seeds=1,2 \
+      --run_flags="--rounds=5 --local_epochs=1 --gan_epochs=1"
+
+Each run is `binaries.run_fedcg` in its own process, writing to
+`<output_dir>/<task>/<algorithm>/seed_<seed>`. A run whose results.json exists
+is skipped; an unfinished one resumes from its last completed round, so
+rerunning the same command after an interruption continues the sweep. Then
+`results.md` and `results.csv` (mean ± std over seeds of the mean over
+clients of the test accuracy at each client's best-validation round), one
+`gain_<task>.png` per task (per-client gain over Local, like the paper's
+Figure 5; needs `local` in --algorithms) and the same charts as TensorBoard
+images in `<output_dir>/tensorboard` are written.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from fedcg_tff.names import ALGORITHMS, TASKS
+
+flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run.')
+flags.DEFINE_list('tasks', ['fmnist'], 'Tasks to run.')
+flags.DEFINE_list('seeds', ['1', '2', '3', '4', '5'], 'Seeds to run.')
+flags.DEFINE_string('run_flags', '', 'Further flags for every run, e.g. '
+                    '"--rounds=10 --local_epochs=1 --data_dir=..."')
+flags.DEFINE_string('output_dir', None, 'Directory of the sweep.')
+flags.mark_flag_as_required('output_dir')
+FLAGS = flags.FLAGS
+
+_OWNED = ('algorithm', 'task', 'seed', 'output_dir')
+
+
+def _check_flags() -> tuple[list[int], list[str]]:
+  for name, allowed in (('algorithms', ALGORITHMS), ('tasks', TASKS)):
+    bad = [v for v in FLAGS[name].value if v not in allowed]
+    if bad or not FLAGS[name].value:
+      raise app.UsageError(f'--{name}: {bad or "empty"} not in {allowed}')
+  try:
+    seeds = [int(s) for s in FLAGS.seeds]
+  except ValueError:
+    raise app.UsageError(f'--seeds must be integers, got {FLAGS.seeds}'
+                         ) from None
+  if not seeds or len(set(seeds)) != len(seeds):
+    raise app.UsageError(f'--seeds must be distinct integers, got {seeds}')
+  extra = shlex.split(FLAGS.run_flags)
+  for flag in extra:
+    name = flag.lstrip('-').split('=')[0]
+    if name in _OWNED:
+      raise app.UsageError(f'--run_flags must not set --{name}: the sweep '
+                           'sets it for each run')
+  return seeds, extra
+
+
+def run_dir(task: str, algorithm: str, seed: int) -> str:
+  return os.path.join(FLAGS.output_dir, task, algorithm, f'seed_{seed}')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  seeds, extra = _check_flags()
+  runs = [(t, a, s) for t in FLAGS.tasks for a in FLAGS.algorithms
+          for s in seeds]
+  failed = []
+  started = time.monotonic()
+  for n, (task, algorithm, seed) in enumerate(runs, 1):
+    directory = run_dir(task, algorithm, seed)
+    label = f'[{n}/{len(runs)}] {task} {algorithm} seed {seed}'
+    if os.path.exists(os.path.join(directory, 'results.json')):
+      print(f'{label}: finished earlier, skipped', flush=True)
+      continue
+    print(f'{label}: running in {directory}', flush=True)
+    command = [sys.executable, '-m', 'binaries.run_fedcg',
+               f'--algorithm={algorithm}', f'--task={task}', f'--seed={seed}',
+               f'--output_dir={directory}', *extra]
+    code = subprocess.call(command, cwd=os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__))))
+    if code:
+      failed.append((label, code))
+      print(f'{label}: failed with exit code {code}', flush=True)
+  print(f'sweep: {len(runs)} runs, {time.monotonic() - started:.0f}s',
+        flush=True)
+  write_reports(runs)
+  if failed:
+    raise SystemExit(f'{len(failed)} run(s) failed: ' +
+                     '; '.join(f'{l} (exit {c})' for l, c in failed))
+
+
+def write_reports(runs) -> None:
+  """results.md, results.csv, gain_<task>.png and TensorBoard images from
+  every finished run of the sweep."""
+  # Imported here: TensorFlow starts only once the runs are done.
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import report  # pylint: disable=g-import-not-at-top
+
+  results = []
+  for task, algorithm, seed in runs:
+    path = os.path.join(run_dir(task, algorithm, seed), 'results.json')
+    if os.path.exists(path):
+      results.append(report.load_result(path, task, algorithm, seed))
+  if not results:
+    print('no finished run to report')
+    return
+  rows = report.table(results, FLAGS.algorithms, FLAGS.tasks)
+  markdown = report.markdown(rows)
+  for name, text in (('results.md', markdown),
+                     ('results.csv', report.csv_text(rows))):
+    path = os.path.join(FLAGS.output_dir, name)
+    with open(f'{path}.tmp', 'w') as f:
+      f.write(text)
+    os.replace(f'{path}.tmp', path)
+  print('\nTest accuracy (%) at best validation, mean ± std over seeds '
+        '(seeds):\n' + markdown)
+  writer = tf.summary.create_file_writer(
+      os.path.join(FLAGS.output_dir, 'tensorboard'))
+  for task in FLAGS.tasks:
+    gains = report.gains_over_local(results, task)
+    if not gains:
+      continue
+    names = next((r.client_names for r in results if r.task == task and
+                  r.client_names), ())
+    count = len(next(iter(gains.values())))
+    names = names or tuple(f'client {i}' for i in range(count))
+    path = os.path.join(FLAGS.output_dir, f'gain_{task}.png')
+    pixels, _ = report.gain_chart(gains, names,
+                                  f'{task}: gain over Local', path)
+    with writer.as_default():
+      tf.summary.image(f'gain_over_local/{task}', pixels[None], step=0)
+    print(f'chart: {path}')
+    for algorithm, gain in gains.items():
+      print(f'  {algorithm}: ' + ', '.join(
+          f'{n} {g:+.2f}' for n, g in zip(names, np.round(gain, 2))))
+  writer.flush()
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,156 @@
+"""The paper's kinds of output from finished runs: Table 1 and Figure 5.
+
+Each run directory holds the `results.json` the binary writes. Table 1
+reports, per algorithm and task, the mean over seeds of the run's figure
+(the mean over clients of each client's test accuracy at its best-validation
+round) ± the standard deviation over seeds (numpy's default, ddof=0).
+Figure 5 shows, per task, each algorithm's per-client gain in that accuracy
+over Local, averaged over seeds.
+"""
+
+import csv
+import dataclasses
+import io
+import json
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  task: str
+  algorithm: str
+  seed: int
+  test_at_best: tuple[float, ...]  # Per client, in [0, 1].
+  client_names: tuple[str, ...] = ()
+
+  @property
+  def mean(self) -> float:
+    return float(np.mean(self.test_at_best))
+
+
+def load_result(path: str, task: str, algorithm: str, seed: int) -> RunResult:
+  with open(path) as f:
+    r = json.load(f)
+  return RunResult(task, algorithm, seed,
+                   tuple(float(v) for v in r['test_accuracy_at_best_val']),
+                   tuple(r.get('client_names', ())))
+
+
+def _ordered(values: Iterable[str], preferred: Sequence[str]) -> list[str]:
+  values = set(values)
+  return ([v for v in preferred if v in values] +
+          sorted(values - set(preferred)))
+
+
+def table(results: Sequence[RunResult], algorithms: Sequence[str] = (),
+          tasks: Sequence[str] = ()) -> list[dict]:
+  """Rows of Table 1: one per algorithm, a (mean, std, seeds) per task."""
+  rows = []
+  for algorithm in _ordered((r.algorithm for r in results), algorithms):
+    row = {'algorithm': algorithm, 'cells': {}}
+    for task in _ordered((r.task for r in results), tasks):
+      per_seed = [r.mean for r in results
+                  if r.algorithm == algorithm and r.task == task]
+      if per_seed:
+        row['cells'][task] = (100 * float(np.mean(per_seed)),
+                              100 * float(np.std(per_seed)), len(per_seed))
+    rows.append(row)
+  return rows
+
+
+def _tasks_of(rows) -> list[str]:
+  seen = []
+  for row in rows:
+    for task in row['cells']:
+      if task not in seen:
+        seen.append(task)
+  return seen
+
+
+def markdown(rows: list[dict]) -> str:
+  """Table 1 as Markdown: 'mean ± std (n seeds)' per cell, in %."""
+  tasks = _tasks_of(rows)
+  lines = ['| algorithm | ' + ' | '.join(tasks) + ' |',
+           '|---|' + '---|' * len(tasks)]
+  for row in rows:
+    cells = []
+    for task in tasks:
+      if task in row['cells']:
+        mean, std, n = row['cells'][task]
+        cells.append(f'{mean:.2f} ± {std:.2f} ({n})')
+      else:
+        cells.append('—')
+    lines.append(f'| {row["algorithm"]} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
+def csv_text(rows: list[dict]) -> str:
+  """Table 1 as CSV: algorithm, then mean/std/seeds columns per task."""
+  tasks = _tasks_of(rows)
+  out = io.StringIO()
+  writer = csv.writer(out)
+  writer.writerow(['algorithm'] + [f'{t}_{k}' for t in tasks
+                                   for k in ('mean', 'std', 'seeds')])
+  for row in rows:
+    values = []
+    for task in tasks:
+      values += ([f'{v:.4f}' if isinstance(v, float) else v
+                  for v in row['cells'][task]]
+                 if task in row['cells'] else ['', '', ''])
+    writer.writerow([row['algorithm']] + values)
+  return out.getvalue()
+
+
+def gains_over_local(results: Sequence[RunResult], task: str
+                     ) -> dict[str, np.ndarray]:
+  """Per algorithm (not Local): per-client accuracy gain over Local in
+  points, averaged over the seeds both have."""
+  of_task = [r for r in results if r.task == task]
+  local = {r.seed: np.asarray(r.test_at_best) for r in of_task
+           if r.algorithm == 'local'}
+  gains = {}
+  for algorithm in _ordered({r.algorithm for r in of_task} - {'local'}, ()):
+    diffs = [100 * (np.asarray(r.test_at_best) - local[r.seed])
+             for r in of_task if r.algorithm == algorithm and r.seed in local]
+    if diffs:
+      gains[algorithm] = np.mean(diffs, axis=0)
+  return gains
+
+
+def gain_chart(gains: dict[str, np.ndarray], client_names: Sequence[str],
+               title: str, path: str):
+  """Figure 5: grouped bars, one group per client, one bar per algorithm.
+
+  Writes a PNG to `path` (write then rename) and returns the figure's RGB
+  pixels (uint8 [h, w, 3], for TensorBoard) and the number of bars drawn.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  algorithms = list(gains)
+  num_clients = len(client_names)
+  width = 0.8 / max(len(algorithms), 1)
+  fig, ax = plt.subplots(figsize=(1.6 + 1.3 * num_clients, 3.6), dpi=100)
+  x = np.arange(num_clients)
+  for k, algorithm in enumerate(algorithms):
+    ax.bar(x - 0.4 + width * (k + 0.5), gains[algorithm], width,
+           label=algorithm)
+  ax.axhline(0.0, color='black', linewidth=0.8)
+  ax.set_xticks(x)
+  ax.set_xticklabels(client_names, rotation=15)
+  ax.set_ylabel('test accuracy gain over Local (points)')
+  ax.set_title(title)
+  ax.legend(fontsize='small', ncol=min(len(algorithms), 3))
+  fig.tight_layout()
+  tmp = f'{path}.tmp.png'
+  fig.savefig(tmp, format='png')
+  os.replace(tmp, path)
+  fig.canvas.draw()
+  pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+  bars = sum(len(c) for c in ax.containers)
+  plt.close(fig)
+  return pixels, bars

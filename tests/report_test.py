@@ -1,0 +1,120 @@
+"""Table 1 and Figure 5 from run results, and the sweep binary end to end."""
+
+import csv
+import glob
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from fedcg_tff import report
+from tests import fake_data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _results():
+  r = report.RunResult
+  return [
+      r('fmnist', 'local', 1, (0.70, 0.80)),
+      r('fmnist', 'local', 2, (0.60, 0.70)),
+      r('fmnist', 'fedcg', 1, (0.80, 0.84)),
+      r('fmnist', 'fedcg', 2, (0.72, 0.76)),
+      r('fmnist', 'fedavg', 1, (0.75, 0.75)),
+      r('cifar10', 'fedcg', 1, (0.40, 0.50)),
+  ]
+
+
+def test_table_is_mean_and_std_over_seeds_of_client_means():
+  rows = report.table(_results(), algorithms=['local', 'fedavg', 'fedcg'],
+                      tasks=['fmnist', 'cifar10'])
+  assert [r['algorithm'] for r in rows] == ['local', 'fedavg', 'fedcg']
+  mean, std, n = rows[0]['cells']['fmnist']  # Local: seed means 75 and 65.
+  assert (mean, std, n) == (pytest.approx(70.0), pytest.approx(5.0), 2)
+  mean, std, n = rows[2]['cells']['fmnist']  # FedCG: 82 and 74.
+  assert (mean, std, n) == (pytest.approx(78.0), pytest.approx(4.0), 2)
+  assert rows[1]['cells']['fmnist'][1] == 0.0  # One seed: no spread.
+  assert 'cifar10' not in rows[0]['cells']
+  md = report.markdown(rows)
+  assert '| algorithm | fmnist | cifar10 |' in md
+  assert '| local | 70.00 ± 5.00 (2) | — |' in md
+  assert '| fedcg | 78.00 ± 4.00 (2) | 45.00 ± 0.00 (1) |' in md
+  table = list(csv.reader(io.StringIO(report.csv_text(rows))))
+  assert table[0][:4] == ['algorithm', 'fmnist_mean', 'fmnist_std',
+                          'fmnist_seeds']
+  assert table[3][:4] == ['fedcg', '78.0000', '4.0000', '2']
+
+
+def test_gains_over_local_and_chart(tmp_path):
+  gains = report.gains_over_local(_results(), 'fmnist')
+  assert sorted(gains) == ['fedavg', 'fedcg']
+  np.testing.assert_allclose(gains['fedcg'], [11.0, 5.0])  # (10+12)/2, (4+6)/2
+  np.testing.assert_allclose(gains['fedavg'], [5.0, -5.0])  # Seed 1 only.
+  path = tmp_path / 'gain.png'
+  pixels, bars = report.gain_chart(gains, ('a', 'b'), 'fmnist', str(path))
+  assert bars == 2 * 2  # One bar per client per algorithm.
+  assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+  with Image.open(path) as image:
+    assert image.format == 'PNG' and image.size[0] > 100
+  assert pixels.ndim == 3 and pixels.shape[2] == 3 and pixels.dtype == np.uint8
+
+
+def _sweep(args, timeout=900):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  return subprocess.run([sys.executable, '-m', 'binaries.run_experiments',
+                         *args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def test_sweep_runs_resumably_and_reports(tmp_path):
+  data = tmp_path / 'idx'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
+  out = tmp_path / 'sweep'
+  args = [f'--output_dir={out}', '--algorithms=local,fedavg',
+          '--tasks=fmnist', '--seeds=1,2',
+          f'--run_flags=--data_dir={data} --num_clients=2 '
+          '--train_per_client=16 --rounds=2 --local_epochs=1']
+  proc = _sweep(args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for algorithm in ('local', 'fedavg'):
+    for seed in (1, 2):
+      assert (out / 'fmnist' / algorithm / f'seed_{seed}' /
+              'results.json').exists()
+  md = (out / 'results.md').read_text()
+  assert '| algorithm | fmnist |' in md and '(2) |' in md
+  rows = list(csv.DictReader(io.StringIO((out / 'results.csv').read_text())))
+  assert [r['algorithm'] for r in rows] == ['local', 'fedavg']
+  seed_means = [100 * np.mean(json.loads(
+      (out / 'fmnist' / 'fedavg' / f'seed_{s}' / 'results.json').read_text())
+      ['test_accuracy_at_best_val']) for s in (1, 2)]
+  assert float(rows[1]['fmnist_mean']) == pytest.approx(
+      np.mean(seed_means), abs=1e-3)
+  assert (out / 'gain_fmnist.png').read_bytes()[:4] == b'\x89PNG'
+  tags = [v.tag for path in glob.glob(f'{out}/tensorboard/events*')
+          for e in tf.compat.v1.train.summary_iterator(path)
+          for v in e.summary.value]
+  assert 'gain_over_local/fmnist' in tags
+  # Rerunning skips the finished runs.
+  again = _sweep(args, timeout=300)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert again.stdout.count('finished earlier, skipped') == 4
+
+
+def test_sweep_rejects_bad_flags(tmp_path):
+  for flag, message in (('--algorithms=fedsgd', '--algorithms'),
+                        ('--seeds=1,x', '--seeds must be integers'),
+                        ('--run_flags=--seed=3', 'must not set --seed')):
+    proc = _sweep([f'--output_dir={tmp_path}', flag], timeout=60)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+  assert not os.listdir(tmp_path)
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))
