@@ -31,4 +31,4 @@ fi
 # Every package is pinned in requirements.txt, so no resolver runs (see its
 # header for why TFF cannot be installed with its own declared requirements).
 .venv/bin/python -m pip install -q --no-deps -r requirements.txt
-.venv/bin/python -c "import tensorflow_federated as tff; print('setup.sh: TFF', tff.__version__, 'ready in .venv')"
+.venv/bin/python -c "from fedcg_tff import runtime; import tensorflow_federated as tff; import matplotlib; print('setup.sh: TFF', tff.__version__, 'ready in .venv')"

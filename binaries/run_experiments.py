@@ -5,10 +5,13 @@ Figure 5 from the results.
       --algorithms=local,fedavg,fedcg --tasks=fmnist --seeds=1,2 \
       --run_flags="--rounds=5 --local_epochs=1 --gan_epochs=1"
 
-Each run is `binaries.run_fedcg` in its own process, writing to
-`<output_dir>/<task>/<algorithm>/seed_<seed>`. A run whose results.json exists
-is skipped; an unfinished one resumes from its last completed round, so
-rerunning the same command after an interruption continues the sweep. Then
+Each run is `binaries.run_fedcg` in its own process (started in this
+process's working directory, so relative paths in --run_flags mean the same),
+writing to `<output_dir>/<task>/<algorithm>/seed_<seed>`. `run_fedcg` itself
+skips a finished run, resumes an unfinished one from its last completed
+round and refuses a directory that holds a run with other flags, so
+rerunning the same command after an interruption continues the sweep, and
+a changed --run_flags cannot mix old results into the table. Then
 `results.md` and `results.csv` (mean ± std over seeds of the mean over
 clients of the test accuracy at each client's best-validation round), one
 `gain_<task>.png` per task (per-client gain over Local, like the paper's
@@ -61,7 +64,8 @@ def _check_flags() -> tuple[list[int], list[str]]:
 
 
 def run_dir(task: str, algorithm: str, seed: int) -> str:
-  return os.path.join(FLAGS.output_dir, task, algorithm, f'seed_{seed}')
+  return os.path.join(os.path.abspath(FLAGS.output_dir), task, algorithm,
+                      f'seed_{seed}')
 
 
 def main(argv):
@@ -72,18 +76,17 @@ def main(argv):
           for s in seeds]
   failed = []
   started = time.monotonic()
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      p for p in (root, os.environ.get('PYTHONPATH')) if p))
   for n, (task, algorithm, seed) in enumerate(runs, 1):
     directory = run_dir(task, algorithm, seed)
     label = f'[{n}/{len(runs)}] {task} {algorithm} seed {seed}'
-    if os.path.exists(os.path.join(directory, 'results.json')):
-      print(f'{label}: finished earlier, skipped', flush=True)
-      continue
-    print(f'{label}: running in {directory}', flush=True)
+    print(f'{label}: {directory}', flush=True)
     command = [sys.executable, '-m', 'binaries.run_fedcg',
                f'--algorithm={algorithm}', f'--task={task}', f'--seed={seed}',
                f'--output_dir={directory}', *extra]
-    code = subprocess.call(command, cwd=os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))))
+    code = subprocess.call(command, env=env)
     if code:
       failed.append((label, code))
       print(f'{label}: failed with exit code {code}', flush=True)
@@ -115,7 +118,7 @@ def write_reports(runs) -> None:
   markdown = report.markdown(rows)
   for name, text in (('results.md', markdown),
                      ('results.csv', report.csv_text(rows))):
-    path = os.path.join(FLAGS.output_dir, name)
+    path = os.path.join(os.path.abspath(FLAGS.output_dir), name)
     with open(f'{path}.tmp', 'w') as f:
       f.write(text)
     os.replace(f'{path}.tmp', path)

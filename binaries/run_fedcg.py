@@ -17,6 +17,7 @@ accuracy at its best-validation round, and their mean.
 import dataclasses
 import json
 import os
+import sys
 import time
 
 from absl import app
@@ -173,7 +174,45 @@ def load_task(config: FedCGConfig):
     raise app.UsageError(
         f'--algorithm=feddf needs unlabeled server data, which '
         f'--task={FLAGS.task} does not provide')
+  if server_size:
+    # FedDF's server computation holds its images as float32 network inputs.
+    size = config.image_size
+    gib = server_size * size * size * task.channels * 4 / 2**30
+    if gib > MAX_SERVER_GIB:
+      raise app.UsageError(
+          f'--server_data_size={server_size} at {size}x{size} ({config.model})'
+          f' needs {gib:.1f} GiB as float32 inputs on the server, more than '
+          f'{MAX_SERVER_GIB} GiB: use a smaller --server_data_size')
+  for name, client in zip(task.client_names, task.clients):
+    if config.batch_size > len(client.train[1]):
+      raise app.UsageError(
+          f'--batch_size={config.batch_size} is larger than client {name!r}\'s '
+          f'{len(client.train[1])} training examples')
   return task
+
+
+MAX_SERVER_GIB = 4  # FedDF's server images, as float32 network inputs.
+
+# Test-only fault injection: FEDCG_TEST_INJECT_NAN=<round>:<client> makes
+# that client's training images NaN in that (1-based) round, so that tests
+# can check how a numerical fault stops a run and how the run resumes.
+_INJECT_NAN = 'FEDCG_TEST_INJECT_NAN'
+
+
+def _with_injected_fault(train_data_fn):
+  spec = os.environ.get(_INJECT_NAN)
+  if not spec:
+    return train_data_fn
+  fault_round, fault_client = (int(v) for v in spec.split(':'))
+
+  def train_data(round_num):
+    datasets = train_data_fn(round_num)
+    if round_num + 1 == fault_round:
+      datasets[fault_client] = datasets[fault_client].map(
+          lambda x, y: (x * float('nan'), y))
+    return datasets
+
+  return train_data
 
 
 def main(argv):
@@ -184,9 +223,8 @@ def main(argv):
 
   # Imports that start TensorFlow come after flag checks: bad flags fail fast.
   from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import experiment  # pylint: disable=g-import-not-at-top
-
   from fedcg_tff import checkpoint  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import experiment  # pylint: disable=g-import-not-at-top
 
   # Data first: a missing data set must not leave an output directory.
   task = load_task(config)
@@ -216,17 +254,25 @@ def main(argv):
                                server_images=task.server_inputs(size))
   writer = experiment.MetricsWriter(FLAGS.output_dir)
   started = time.monotonic()
-  result = experiment.run(
-      algorithm,
-      train_data_fn=lambda r: task.train_datasets(r, config.batch_size, size),
-      val_data=task.val_datasets(size),
-      test_data=task.test_datasets(size),
-      max_rounds=FLAGS.rounds,
-      patience=FLAGS.patience,
-      writer=writer,
-      log=lambda line: print(line, flush=True),
-      checkpoints=checkpoint.Checkpoints(
-          os.path.join(FLAGS.output_dir, 'checkpoints')))
+  checkpoints = checkpoint.Checkpoints(
+      os.path.join(FLAGS.output_dir, 'checkpoints'))
+  try:
+    result = experiment.run(
+        algorithm,
+        train_data_fn=_with_injected_fault(
+            lambda r: task.train_datasets(r, config.batch_size, size)),
+        val_data=task.val_datasets(size),
+        test_data=task.test_datasets(size),
+        max_rounds=FLAGS.rounds,
+        patience=FLAGS.patience,
+        writer=writer,
+        log=lambda line: print(line, flush=True),
+        checkpoints=checkpoints)
+  except experiment.NumericalFault as e:
+    good = checkpoints.latest_round()
+    sys.exit(f'Numerical fault: {e}. The run stopped; rounds 1-{good} are '
+             f'saved in {checkpoints.directory}, and rerunning the same '
+             f'command resumes after round {good}.')
 
   tracker = result.tracker
   summary = {

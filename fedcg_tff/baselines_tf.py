@@ -177,7 +177,8 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
 
 def proximal_term(variables, reference):
   """(1/2)·||w − w_global||² over `variables`; its gradient is w − w_global,
-  the term `tff.learning`'s FedProx adds (times mu) to the gradient."""
+  the FedProx paper's term. (TFF 0.87's FedProx adds mu·(w_global − w)
+  instead: README, "Oracle tests against tff.learning".)"""
   return 0.5 * tf.add_n([tf.reduce_sum(tf.square(v - r))
                          for v, r in zip(variables, reference)])
 

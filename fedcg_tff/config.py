@@ -7,9 +7,13 @@ binaries' flag names, so a validation error names the flag to fix.
 """
 
 import dataclasses
+import math
 
 DISTANCES = ('mse', 'cos', 'none')
 CLIENT_OPTIMIZERS = ('adam', 'sgd')
+# Seeds go into numpy and TensorFlow seeds and into per-client seeds
+# (seed * 1000 + i): kept to a range every one of them takes.
+MAX_SEED = 2**31 - 1
 MODELS = ('lenet', 'resnet18')  # models.MODELS, without importing TF.
 
 
@@ -67,27 +71,24 @@ class FedCGConfig:
   def validate(self) -> 'FedCGConfig':
     """Raises ValueError naming the first invalid field; returns self."""
     positive_ints = ('num_classes', 'image_channels', 'noise_dim', 'batch_size',
+                     'local_epochs', 'gan_epochs', 'server_epochs',
                      'server_steps_per_epoch', 'gamma_ramp_rounds')
     for name in positive_ints:
       if getattr(self, name) < 1:
         raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}')
-    for name in ('local_epochs', 'gan_epochs', 'server_epochs'):
-      if getattr(self, name) < 0:
-        raise ValueError(f'{name} must be >= 0, got {getattr(self, name)}')
-    if not self.lr > 0:
-      raise ValueError(f'lr must be > 0, got {self.lr}')
-    if self.weight_decay < 0:
-      raise ValueError(f'weight_decay must be >= 0, got {self.weight_decay}')
+    for name in ('lr', 'adam_epsilon'):
+      value = getattr(self, name)
+      if not (math.isfinite(value) and value > 0):
+        raise ValueError(f'{name} must be finite and > 0, got {value}')
+    for name in ('weight_decay', 'prox_mu', 'diversity_weight'):
+      value = getattr(self, name)
+      if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f'{name} must be finite and >= 0, got {value}')
+    if not 0 <= self.seed <= MAX_SEED:
+      raise ValueError(f'seed must be in [0, {MAX_SEED}], got {self.seed}')
     for name in ('beta1', 'beta2', 'gan_beta1', 'gan_beta2'):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f'{name} must be in [0, 1), got {getattr(self, name)}')
-    if not self.adam_epsilon > 0:
-      raise ValueError(f'adam_epsilon must be > 0, got {self.adam_epsilon}')
-    if not self.prox_mu >= 0:
-      raise ValueError(f'prox_mu must be >= 0, got {self.prox_mu}')
-    if not self.diversity_weight >= 0:
-      raise ValueError(
-          f'diversity_weight must be >= 0, got {self.diversity_weight}')
     if self.client_optimizer not in CLIENT_OPTIMIZERS:
       raise ValueError(f'client_optimizer must be one of {CLIENT_OPTIMIZERS}, '
                        f'got {self.client_optimizer!r}')

@@ -29,6 +29,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import tensorflow_federated as tff
+import tree
 
 from fedcg_tff import checkpoint
 
@@ -130,21 +131,36 @@ class MetricsWriter:
     """Keeps the metrics of rounds 1..`rounds_done` only, once each.
 
     The CSV is the record: its rows of later rounds (released before a crash
-    that lost their state) are dropped, and TensorBoard's event files, which
-    cannot be edited, are rewritten from the rows that remain.
+    that lost their state) are dropped by rewriting it to a temporary file
+    that replaces it, so an interruption here loses nothing. TensorBoard's
+    event files, which cannot be edited, are then rebuilt from those rows
+    (again on the next resume if this one is interrupted).
     """
-    rows = []
-    if os.path.exists(self.csv_path):
-      with open(self.csv_path, newline='') as f:
-        rows = [r for r in csv.DictReader(f)
-                if r.get('round') and int(r['round']) <= rounds_done]
-    if os.path.exists(self.csv_path):
-      os.remove(self.csv_path)
-    shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
     self._managers = None
-    for row in rows:
-      self.write(int(row['round']), {k: float(v) for k, v in row.items()
-                                     if k != 'round' and v != ''})
+    if not os.path.exists(self.csv_path):
+      shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
+      return
+    with open(self.csv_path, newline='') as f:
+      reader = csv.DictReader(f)
+      fieldnames = reader.fieldnames or ['round']
+      rows = [r for r in reader
+              if r.get('round') and int(r['round']) <= rounds_done]
+    tmp = f'{self.csv_path}.tmp'
+    with open(tmp, 'w', newline='') as f:
+      writer = csv.DictWriter(f, fieldnames=fieldnames)
+      writer.writeheader()
+      writer.writerows(rows)
+    os.replace(tmp, self.csv_path)
+    shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
+    tensorboard = tff.program.TensorBoardReleaseManager(self.tensorboard_dir)
+
+    async def replay():
+      for row in rows:
+        await tensorboard.release(
+            {k: np.float32(v) for k, v in row.items()
+             if k != 'round' and v != ''}, key=int(row['round']))
+
+    asyncio.run(replay())
 
 
 RUN_FILE = 'run.json'  # What defines the run in a directory: see below.
@@ -219,6 +235,45 @@ class RunResult:
   resumed_from: int = 0  # Rounds already done when this invocation began.
 
 
+class NumericalFault(FloatingPointError):
+  """A non-finite loss, metric or weight after a round."""
+
+
+def _where(path: str) -> str:
+  """'client_2/cls_loss' -> 'client 2: cls_loss'; state paths likewise."""
+  head, _, rest = path.partition('/')
+  if head.startswith('client_'):
+    return f'client {head[len("client_"):]}: {rest}'
+  if head in ('server', 'mean'):
+    return f'{head}: {rest}'
+  return path
+
+
+def check_finite(round_num: int, metrics: dict[str, float], state) -> None:
+  """Raises NumericalFault naming round, party and quantity if a metric or
+  any value of the algorithm's state (server state, client states) is not
+  finite."""
+  # Clients train before the server steps: a fault at a client shows up in
+  # the server's metrics too, so clients are checked first to name where it
+  # started.
+  order = lambda item: (not item[0].startswith('client_'),
+                        not item[0].startswith('server/'))
+  for name, value in sorted(metrics.items(), key=order):
+    if not np.isfinite(value):
+      raise NumericalFault(f'round {round_num}, {_where(name)} is {value}')
+  server, clients = state
+  parts = [('server state', server)] + [
+      (f'client {i} state', c) for i, c in enumerate(clients)]
+  for party, structure in parts:
+    for keys, leaf in tree.flatten_with_path(structure):
+      path = '/'.join(str(k) for k in keys)
+      leaf = np.asarray(leaf)
+      if leaf.dtype.kind == 'f' and not np.all(np.isfinite(leaf)):
+        raise NumericalFault(
+            f'round {round_num}, {party}: {path} holds '
+            f'{int(np.sum(~np.isfinite(leaf)))} non-finite value(s)')
+
+
 def _loop_state(tracker: BestTracker, since_best: int,
                 round_seconds: list) -> dict[str, np.ndarray]:
   return {**tracker.as_arrays(), 'since_best': np.int64(since_best),
@@ -277,6 +332,9 @@ def run(algorithm: Algorithm,
     metrics['round_seconds'] = elapsed
     improved = tracker.update(rounds_run, val, test)
     metrics['mean/test_accuracy_at_best_val'] = tracker.mean_test
+    # Before anything of this round is recorded: the last good round stays
+    # the latest checkpoint.
+    check_finite(rounds_run, metrics, algorithm.state())
     since_best = 0 if improved else since_best + 1
     if writer is not None:
       writer.write(rounds_run, metrics)

@@ -47,7 +47,7 @@ def load_domain(domain: str, options: TaskOptions):
 
 
 def build(options: TaskOptions) -> image_task.FederatedImageTask:
-  domain_split.check_num_clients(options, DOMAINS, 'digit5')
+  domain_split.check_options(options, DOMAINS, 'digit5')
   if options.data_dir is None:
     # Without a root only the TFDS domains could load: say what is missing.
     missing = [d for d in DOMAINS if d not in TFDS_NAMES]
@@ -67,6 +67,7 @@ def build(options: TaskOptions) -> image_task.FederatedImageTask:
   if options.server_size:
     server_train, _ = load_domain(SERVER_DOMAIN, options)
     server = domain_split.sample(server_train, options.server_size, rng,
-                                 'Digit5 server domain mnist')[0]
+                                 'Digit5 server domain mnist',
+                                 flag='server_data_size')[0]
   return domain_split.build('digit5', DOMAINS, splits, options, 10,
                             IMAGENET_MEAN, IMAGENET_STD, server)

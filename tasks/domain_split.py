@@ -19,8 +19,12 @@ FOLDER_LAYOUT = '<data_dir>/<domain>/<class>/*.jpg'
 Arrays = tuple[np.ndarray, np.ndarray]
 
 
-def check_num_clients(options: TaskOptions, domains: Sequence[str],
-                      task: str) -> None:
+def check_options(options: TaskOptions, domains: Sequence[str],
+                      task: str, sources: Sequence[str] = ('folder',)) -> None:
+  """Flags that a domain task does not take are errors, not ignored."""
+  if options.data_source not in (None, *sources):
+    raise ValueError(f'data_source must be one of {tuple(sources)} for '
+                     f'{task}, got {options.data_source!r}')
   if options.num_clients not in (None, len(domains)):
     raise ValueError(
         f'{task} has one client per domain ({", ".join(domains)}): '
@@ -69,11 +73,12 @@ def split_fractions(arrays: Arrays, fractions: Sequence[float],
 
 
 def sample(arrays: Arrays, count: int, rng: np.random.Generator,
-           what: str) -> Arrays:
-  """`count` examples drawn at random without replacement."""
+           what: str, flag: str = 'train_per_client') -> Arrays:
+  """`count` examples drawn at random without replacement; `flag` is the
+  flag that asked for them, named if there are too few."""
   if count > len(arrays[1]):
     raise ValueError(f'{what} has {len(arrays[1])} examples, fewer than the '
-                     f'{count} requested (train_per_client)')
+                     f'{count} requested ({flag})')
   return image_task.take(arrays, rng.permutation(len(arrays[1]))[:count])
 
 

@@ -40,11 +40,9 @@ def _from_tfds(domain: str, options: TaskOptions):
 
 
 def build(options: TaskOptions) -> image_task.FederatedImageTask:
-  domain_split.check_num_clients(options, DOMAINS, 'domainnet')
+  domain_split.check_options(options, DOMAINS, 'domainnet',
+                                 sources=('folder', 'tfds'))
   source = options.data_source or 'folder'
-  if source not in ('folder', 'tfds'):
-    raise ValueError(f"data_source must be 'folder' or 'tfds' for "
-                     f'DomainNet, got {source!r}')
   if source == 'tfds':
     load = lambda domain: _from_tfds(domain, options)
   else:

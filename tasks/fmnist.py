@@ -20,7 +20,7 @@ from tasks.options import TaskOptions
 DEBIAN_DIR = '/usr/share/datasets/fashion-mnist'
 MEAN, STD = (0.5,), (0.5,)
 NUM_CLASSES = 10
-# FedDF's unlabeled server images in the spec's FMNIST protocol.
+# FedDF's unlabeled server images by default (a disjoint training slice).
 SERVER_SIZE = 32_000
 _FILES = {
     'train_images': 'train-images-idx3-ubyte',
@@ -63,7 +63,14 @@ def _find(data_dir: str, stem: str) -> str:
 
 def load_idx(data_dir: str = DEBIAN_DIR):
   """((train_images, train_labels), (test_images, test_labels)) as uint8."""
-  arrays = {k: read_idx(_find(data_dir, v)) for k, v in _FILES.items()}
+  paths = {k: _find(data_dir, v) for k, v in _FILES.items()}
+  arrays = {k: read_idx(p) for k, p in paths.items()}
+  for key, array in arrays.items():
+    expected = 3 if key.endswith('images') else 1
+    if array.ndim != expected:
+      raise ValueError(f'{paths[key]}: expected {expected} dimension(s) '
+                       f'({"[n, height, width]" if expected == 3 else "[n]"}),'
+                       f' found shape {array.shape}')
   for split in ('train', 'test'):
     n_img, n_lab = len(arrays[f'{split}_images']), len(arrays[f'{split}_labels'])
     if n_img != n_lab:
@@ -92,6 +99,6 @@ def load(options: TaskOptions):
 def build(options: TaskOptions) -> image_task.FederatedImageTask:
   """The FMNIST task: same seed, same partition. With `server_size`,
   unlabeled training images disjoint from the clients' go to the server
-  (FedDF's data; the spec's protocol uses 32 000)."""
+  (FedDF's data; 32 000 by default in the binary)."""
   train, test = load(options)
   return pooled.build('fmnist', train, test, options, NUM_CLASSES, MEAN, STD)

@@ -16,7 +16,7 @@ CLASSES = ['back_pack', 'bike', 'calculator', 'headphones', 'keyboard',
 
 
 def build(options: TaskOptions) -> image_task.FederatedImageTask:
-  domain_split.check_num_clients(options, DOMAINS, 'office_caltech10')
+  domain_split.check_options(options, DOMAINS, 'office_caltech10')
   root = domain_split.folder_root(options, 'office_caltech10')
   load = domain_split.class_folder_loader(root, CLASSES, options,
                                           'office_caltech10')

@@ -27,12 +27,13 @@ class _ScriptedAlgorithm:
     return self.val[self._round], self.test[self._round]
 
   def state(self):
-    return {'round': np.int32(getattr(self, '_round', -1)),
-            'weights': np.full([3], float(getattr(self, '_round', -1)),
-                               np.float32)}
+    """(server state, client states), like the real drivers'."""
+    r = getattr(self, '_round', -1)
+    return ({'round': np.int32(r)},
+            [{'weights': np.full([3], float(r), np.float32)}])
 
   def restore(self, state):
-    self._round = int(state['round'])
+    self._round = int(state[0]['round'])
     self.restored = state
 
 
@@ -133,8 +134,8 @@ def test_run_resumes_from_checkpoints(tmp_path):
                           log=lines.append, checkpoints=checkpoints)
   assert lines[0].startswith('resuming after round 3')
   assert [r for r, _ in second.rounds] == [3, 4, 5]  # None lost or repeated.
-  assert int(second.restored['round']) == 2
-  np.testing.assert_array_equal(second.restored['weights'], [2.0] * 3)
+  assert int(second.restored[0]['round']) == 2
+  np.testing.assert_array_equal(second.restored[1][0]['weights'], [2.0] * 3)
   assert result.rounds_run == 6 and result.resumed_from == 3
   assert result.tracker.best_round == [6, 1]
   assert len(result.round_seconds) == 6
@@ -149,6 +150,35 @@ def test_run_resumes_from_checkpoints(tmp_path):
                          max_rounds=6, patience=9, log=lambda _: None,
                          checkpoints=checkpoints)
   assert third.rounds == [] and again.rounds_run == 6
+
+
+def test_non_finite_values_stop_the_run_naming_them(tmp_path):
+  checkpoints = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
+  algo = _ScriptedAlgorithm([[0.1], [0.2], [0.3]], [[0.1], [0.2], [0.3]])
+  state = algo.state
+  algo.state = lambda: (state()[0], [{'weights': np.array(
+      [0.0, np.nan if getattr(algo, '_round', -1) == 1 else 0.0],
+      np.float32)}])
+  with pytest.raises(experiment.NumericalFault,
+                     match=r'round 2, client 0 state: weights holds 1 '):
+    experiment.run(algo, lambda r: [], [None], [None], max_rounds=3,
+                   patience=9, writer=experiment.MetricsWriter(str(tmp_path)),
+                   log=lambda _: None, checkpoints=checkpoints)
+  assert checkpoints.latest_round() == 1  # The last good round.
+  with open(tmp_path / 'metrics.csv') as f:
+    assert [r['round'] for r in csv.DictReader(f)] == ['1']
+  with pytest.raises(experiment.NumericalFault,
+                     match=r'round 4, client 3: cls_loss is nan'):
+    experiment.check_finite(4, {'client_3/cls_loss': float('nan')},
+                            ({}, []))
+  with pytest.raises(experiment.NumericalFault,
+                     match=r'round 1, server: distill_kl is inf'):
+    experiment.check_finite(1, {'server/distill_kl': float('inf')}, ({}, []))
+  # A client's fault is named before its consequences at the server.
+  with pytest.raises(experiment.NumericalFault, match=r'client 0: d_loss'):
+    experiment.check_finite(1, {'server/distill_kl': float('nan'),
+                                'mean/d_loss': float('nan'),
+                                'client_0/d_loss': float('nan')}, ({}, []))
 
 
 def test_pack_and_unpack_round_trip():

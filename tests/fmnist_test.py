@@ -32,6 +32,18 @@ def test_read_idx_rejects_bad_files(tmp_path):
     fmnist.load_idx(str(tmp_path))
 
 
+def test_idx_with_wrong_shape_names_the_file(tmp_path):
+  fake_data.write_fake_fmnist(str(tmp_path))
+  labels = tmp_path / 'train-labels-idx1-ubyte.gz'
+  import gzip  # pylint: disable=g-import-not-at-top
+  with gzip.open(labels, 'wb') as f:  # A 2-D "labels" file.
+    f.write(b'\x00\x00\x08\x02' + (120).to_bytes(4, 'big') +
+            (2).to_bytes(4, 'big') + bytes(240))
+  with pytest.raises(ValueError,
+                     match=r'train-labels-idx1-ubyte.gz: expected 1 dim'):
+    fmnist.load_idx(str(tmp_path))
+
+
 def _options(tmp_path, **kwargs):
   return TaskOptions(data_dir=str(tmp_path), **kwargs)
 

@@ -65,10 +65,11 @@ def test_gains_over_local_and_chart(tmp_path):
   assert pixels.ndim == 3 and pixels.shape[2] == 3 and pixels.dtype == np.uint8
 
 
-def _sweep(args, timeout=900):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+def _sweep(args, timeout=900, cwd=ROOT):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3',
+             PYTHONPATH=ROOT)
   return subprocess.run([sys.executable, '-m', 'binaries.run_experiments',
-                         *args], cwd=ROOT, env=env, capture_output=True,
+                         *args], cwd=cwd, env=env, capture_output=True,
                         text=True, timeout=timeout)
 
 
@@ -77,11 +78,12 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   data.mkdir()
   fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
   out = tmp_path / 'sweep'
-  args = [f'--output_dir={out}', '--algorithms=local,fedavg',
+  # Relative paths, from another working directory than the repository's.
+  args = ['--output_dir=sweep', '--algorithms=local,fedavg',
           '--tasks=fmnist', '--seeds=1,2',
-          f'--run_flags=--data_dir={data} --num_clients=2 '
+          '--run_flags=--data_dir=idx --num_clients=2 '
           '--train_per_client=16 --rounds=2 --local_epochs=1']
-  proc = _sweep(args)
+  proc = _sweep(args, cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
   for algorithm in ('local', 'fedavg'):
     for seed in (1, 2):
@@ -101,10 +103,16 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
           for e in tf.compat.v1.train.summary_iterator(path)
           for v in e.summary.value]
   assert 'gain_over_local/fmnist' in tags
-  # Rerunning skips the finished runs.
-  again = _sweep(args, timeout=300)
+  # Rerunning skips the finished runs; other run flags are refused rather
+  # than mixed into the table.
+  again = _sweep(args, timeout=300, cwd=tmp_path)
   assert again.returncode == 0, again.stderr[-3000:]
-  assert again.stdout.count('finished earlier, skipped') == 4
+  assert again.stdout.count('already holds this finished run') == 4
+  changed = _sweep(args[:-1] + [args[-1] + ' --lr=0.001'], timeout=300,
+                   cwd=tmp_path)
+  assert changed.returncode != 0
+  assert '--lr: stored 0.0003, given 0.001' in changed.stderr
+  assert '4 run(s) failed' in changed.stderr
 
 
 def test_sweep_rejects_bad_flags(tmp_path):

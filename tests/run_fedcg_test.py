@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import tensorflow as tf
 
@@ -26,13 +27,18 @@ def _run(args, timeout=600):
 
 
 @pytest.mark.parametrize('flag,message', [
-    ('--lr=-1', '--lr must be > 0'),
+    ('--lr=-1', '--lr must be finite and > 0, got -1.0'),
+    ('--lr=nan', '--lr must be finite and > 0, got nan'),
+    ('--weight_decay=inf', '--weight_decay must be finite and >= 0'),
+    ('--seed=-3', '--seed must be in [0, 2147483647], got -3'),
+    ('--local_epochs=0', '--local_epochs must be >= 1, got 0'),
+    ('--gan_epochs=-1', '--gan_epochs must be >= 1'),
     ('--batch_size=0', '--batch_size must be >= 1'),
     ('--gan_beta1=1.5', '--gan_beta1 must be in [0, 1)'),
     ('--rounds=0', '--rounds must be >= 1'),
     ('--distance=l1', "flag --distance=l1"),
     ('--algorithm=fedsgd', "flag --algorithm=fedsgd"),
-    ('--prox_mu=-0.1', '--prox_mu must be >= 0'),
+    ('--prox_mu=-0.1', '--prox_mu must be finite and >= 0'),
     ('--server_data_size=100', '--server_data_size is only used by '
      '--algorithm=feddf'),
     ('--task=mnist', 'flag --task=mnist'),
@@ -174,6 +180,37 @@ def test_same_flags_give_the_same_metrics(tmp_path):
   assert _results_without_timing(outs[0]) == _results_without_timing(outs[1])
 
 
+def test_batch_larger_than_a_client_is_refused(tmp_path):
+  data = _fake_idx(tmp_path)
+  rc, _, err = _run([f'--output_dir={tmp_path / "out"}', f'--data_dir={data}',
+                     '--num_clients=2', '--train_per_client=16',
+                     '--batch_size=32'], timeout=120)
+  assert rc != 0
+  assert "--batch_size=32 is larger than client 'client_0''s 16" in err
+  assert not (tmp_path / 'out').exists()
+
+
+def _start(out, args, env=None):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', **(env or {}))
+  return subprocess.Popen(
+      [sys.executable, '-m', 'binaries.run_fedcg', f'--output_dir={out}',
+       *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _wait_for(path, proc, timeout=300):
+  deadline = time.time() + timeout
+  while not path.exists():
+    assert proc.poll() is None, 'the run ended too early'
+    assert time.time() < deadline
+    time.sleep(0.1)
+
+
+def _assert_same_run(out, reference):
+  assert _metrics_without_timing(out) == _metrics_without_timing(reference)
+  assert _results_without_timing(out) == _results_without_timing(reference)
+
+
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
   data = _fake_idx(tmp_path)
   args = [f'--data_dir={data}', *_TINY_RUN]
@@ -181,25 +218,16 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
   rc, _, err = _run([f'--output_dir={whole}', *args])
   assert rc == 0, err[-3000:]
 
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  proc = subprocess.Popen(
-      [sys.executable, '-m', 'binaries.run_fedcg', f'--output_dir={broken}',
-       *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-      stderr=subprocess.DEVNULL, start_new_session=True)
-  deadline = time.time() + 300
-  while not (broken / 'checkpoints' / 'round_2').exists():
-    assert proc.poll() is None, 'the run ended before it could be killed'
-    assert time.time() < deadline
-    time.sleep(0.2)
+  proc = _start(broken, args)
+  _wait_for(broken / 'checkpoints' / 'round_2', proc)
   os.killpg(proc.pid, signal.SIGKILL)  # Power loss: no handler runs.
-  proc.wait()
+  proc.communicate()
   assert not (broken / 'results.json').exists()
 
   rc, stdout, err = _run([f'--output_dir={broken}', *args])
   assert rc == 0, err[-3000:]
   assert 'resuming after round' in stdout
-  assert _metrics_without_timing(broken) == _metrics_without_timing(whole)
-  assert _results_without_timing(broken) == _results_without_timing(whole)
+  _assert_same_run(broken, whole)
   # TensorBoard holds every round once.
   steps = []
   for path in glob.glob(f'{broken}/tensorboard/**/events.out.tfevents*',
@@ -211,9 +239,42 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
   rc, stdout, _ = _run([f'--output_dir={broken}', *args], timeout=120)
   assert rc == 0 and 'already holds this finished run' in stdout
   # Other flags into the same directory are refused, naming the flag.
+  written = {name: (broken / name).read_bytes()
+             for name in ('run.json', 'results.json', 'metrics.csv')}
   rc, _, err = _run([f'--output_dir={broken}', *args, '--lr=0.001'],
                     timeout=120)
   assert rc != 0 and '--lr: stored 0.0003, given 0.001' in err
+  assert written == {name: (broken / name).read_bytes() for name in written}
+
+  # A NaN in client 1's round-3 data stops the run naming round, client and
+  # quantity; rounds 1-2 stay saved and a rerun without the fault resumes.
+  faulty = tmp_path / 'faulty'
+  proc = _start(faulty, args, env={'FEDCG_TEST_INJECT_NAN': '3:1'})
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode != 0
+  assert 'round 3, client 1: cls_loss is nan' in err, err[-2000:]
+  assert 'resumes after round 2' in err
+  assert sorted(os.listdir(faulty / 'checkpoints'))[-1] == 'round_2'
+  assert [r['round'] for r in _metrics_without_timing(faulty)] == ['1', '2']
+  assert not (faulty / 'results.json').exists()
+  rc, stdout, err = _run([f'--output_dir={faulty}', *args])
+  assert rc == 0 and 'resuming after round 2' in stdout, err[-3000:]
+  _assert_same_run(faulty, whole)
+
+  # SIGTERM: prompt exit, no child process left, and the rerun resumes.
+  termed = tmp_path / 'termed'
+  proc = _start(termed, args)
+  _wait_for(termed / 'checkpoints' / 'round_1', proc)
+  children = psutil.Process(proc.pid).children(recursive=True)
+  assert children  # TFF's worker.
+  proc.send_signal(signal.SIGTERM)
+  proc.communicate(timeout=30)
+  assert proc.returncode == 128 + signal.SIGTERM
+  _, alive = psutil.wait_procs(children, timeout=10)
+  assert not alive
+  rc, stdout, err = _run([f'--output_dir={termed}', *args])
+  assert rc == 0 and 'resuming after round' in stdout, err[-3000:]
+  _assert_same_run(termed, whole)
 
 
 if __name__ == '__main__':
