@@ -147,10 +147,11 @@ def _check_run_flags():
 
 def load_task(config: FedCGConfig):
   """The task the flags name; errors name the flags to fix."""
+  from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
   from tasks import registry  # pylint: disable=g-import-not-at-top
   from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
   server_size = 0
-  if FLAGS.algorithm == 'feddf':
+  if algorithms.needs_server_images(FLAGS.algorithm):
     server_size = (FLAGS.server_data_size or
                    registry.DEFAULT_SERVER_SIZE[FLAGS.task])
     if not server_size:

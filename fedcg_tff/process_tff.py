@@ -9,8 +9,6 @@ come from a `seeds@CLIENTS -> client_states@CLIENTS` initializer and hold at
 least the `extractor` and `classifier` that the shared evaluation scores.
 """
 
-from typing import Callable
-
 import attrs
 import numpy as np
 import tensorflow as tf
@@ -227,5 +225,3 @@ class ProcessAlgorithm:
     return ([float(r.val_accuracy) for r in results],
             [float(r.test_accuracy) for r in results])
 
-
-AlgorithmFactory = Callable[..., ProcessAlgorithm]

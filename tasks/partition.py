@@ -113,6 +113,3 @@ def _check_pool(num_clients, train_per_client, server_size, num_train):
         f'{f" + {server_size} server examples" if server_size else ""} need '
         f'{needed + server_size}, but the training split has {num_train}')
 
-
-def label_histogram(labels: np.ndarray, num_classes: int) -> np.ndarray:
-  return np.bincount(labels, minlength=num_classes)[:num_classes]
