@@ -16,6 +16,7 @@ accuracy at its best-validation round, and their mean.
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -26,7 +27,7 @@ from absl import logging
 
 from fedcg_tff import runtime  # Before TFF starts a worker: clean shutdown.
 from fedcg_tff.config import CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
-from fedcg_tff.names import ALGORITHMS, TASKS
+from fedcg_tff.names import ALGORITHMS, DP_ALGORITHMS, TASKS
 
 _DEFAULTS = FedCGConfig()
 
@@ -103,9 +104,9 @@ flags.DEFINE_string('output_dir', None, 'Directory for TensorBoard '
                     'summaries, metrics.csv, checkpoints and results.json. '
                     'Rerunning the same command into it resumes after the '
                     'last completed round.')
-flags.DEFINE_integer('max_concurrent_clients', -1,
-                     'Client computations the TFF worker runs at once '
-                     '(non-positive: all).')
+flags.DEFINE_integer('max_concurrent_clients', None,
+                     'Client computations a worker runs at once (default: '
+                     'its share of the CPU cores; non-positive: all).')
 flags.mark_flag_as_required('output_dir')
 
 FLAGS = flags.FLAGS
@@ -216,11 +217,199 @@ def _with_injected_fault(train_data_fn):
   return train_data
 
 
+# --- Workers and devices (README, "Speed and scale") ------------------------
+flags.DEFINE_integer('workers', 1,
+                     'Local TFF worker processes the clients of a round are '
+                     'spread over (same results as one).')
+flags.DEFINE_list('worker_addresses', [],
+                  'host:port of TFF workers started with binaries/run_worker '
+                  '(on this or other machines) to spread the clients over, '
+                  'instead of local ones.')
+flags.DEFINE_enum('device', 'cpu', ['cpu', 'gpu'],
+                  'Where training runs; gpu needs a CUDA TensorFlow and a '
+                  'CUDA build of TFF\'s worker (fedcg_tff/devices.py).')
+flags.DEFINE_integer('logical_gpus', 1,
+                     'With --device=gpu: logical devices per GPU (needs '
+                     '--gpu_memory_mb).')
+flags.DEFINE_integer('gpu_memory_mb', None,
+                     'With --logical_gpus > 1: memory of each logical GPU.')
+
+
+def _check_worker_flags():
+  if FLAGS.workers < 1:
+    raise app.UsageError(f'--workers must be >= 1, got {FLAGS.workers}')
+  if FLAGS.worker_addresses and FLAGS.workers != 1:
+    raise app.UsageError('--workers starts local workers; with '
+                         '--worker_addresses the workers are given: use one')
+  for address in FLAGS.worker_addresses:
+    host, _, port = address.rpartition(':')
+    if not host or not port.isdigit():
+      raise app.UsageError(
+          f'--worker_addresses: {address!r} is not host:port')
+  if FLAGS.device == 'cpu' and (FLAGS.logical_gpus != 1 or
+                                FLAGS.gpu_memory_mb is not None):
+    raise app.UsageError('--logical_gpus and --gpu_memory_mb need --device=gpu')
+
+
+def configure_device():
+  from fedcg_tff import devices  # pylint: disable=g-import-not-at-top
+  try:
+    devices.configure(FLAGS.device, FLAGS.logical_gpus, FLAGS.gpu_memory_mb)
+  except ValueError as e:
+    raise app.UsageError(f'--device={FLAGS.device}: {e}') from None
+
+
+def worker_pool():
+  """The --workers / --worker_addresses workers (None: the default context
+  alone); remote ones are reached now, before anything is written."""
+  if FLAGS.workers == 1 and not FLAGS.worker_addresses:
+    return None
+  from fedcg_tff import workers  # pylint: disable=g-import-not-at-top
+  if not FLAGS.worker_addresses:
+    return workers.Workers.local(FLAGS.workers, FLAGS.max_concurrent_clients)
+  try:
+    return workers.Workers.remote(FLAGS.worker_addresses)
+  except ConnectionError as e:
+    raise app.UsageError(f'--worker_addresses: {e}') from None
+
+
+def spread_clients(algorithm, pool) -> None:
+  """Runs the algorithm's rounds with their clients spread over `pool`
+  (`fedcg_tff.workers.ShardedRound`: the same results as one worker)."""
+  if pool is not None:
+    from fedcg_tff import workers  # pylint: disable=g-import-not-at-top
+    algorithm.next_round = workers.ShardedRound(algorithm.process.parts, pool)
+# --- End of workers and devices ---------------------------------------------
+
+
+# --- Client sampling (cross-device scale; README, "Client sampling") --------
+flags.DEFINE_integer('clients_per_round', None,
+                     'Clients sampled each round, from (--seed, round) '
+                     '(default: every client, every round). Below the '
+                     'number of clients, client states are kept on disk in '
+                     '<output_dir>/client_states/.')
+flags.DEFINE_bool('client_states_on_disk', False,
+                  'Keep client states on disk, one file per client, even '
+                  'when every client takes part.')
+CLIENT_STATES_DIR = 'client_states'
+
+
+def _check_clients_per_round_flag():
+  if FLAGS.clients_per_round is not None and FLAGS.clients_per_round < 1:
+    raise app.UsageError(
+        f'--clients_per_round must be >= 1, got {FLAGS.clients_per_round}')
+
+
+def client_sampling(num_clients: int):
+  """The driver's `ClientSampling` for a task of `num_clients` clients;
+  refuses more clients per round than there are (before anything is
+  written)."""
+  from fedcg_tff import client_store  # pylint: disable=g-import-not-at-top
+  per_round = FLAGS.clients_per_round
+  if per_round is not None and per_round > num_clients:
+    given = (f', --num_clients={FLAGS.num_clients}' if FLAGS.num_clients
+             else '')
+    raise app.UsageError(
+        f'--clients_per_round={per_round} is more than the run\'s '
+        f'{num_clients} clients (--task={FLAGS.task}{given}): sample at most '
+        f'{num_clients}')
+  on_disk = FLAGS.client_states_on_disk or (
+      per_round is not None and per_round < num_clients)
+  return client_store.ClientSampling(
+      clients_per_round=per_round,
+      states_dir=(os.path.join(FLAGS.output_dir, CLIENT_STATES_DIR)
+                  if on_disk else None))
+
+
+def client_sampling_definition() -> dict:
+  """The sampling flags for run.json, recorded only when set: a run without
+  them has the same run.json as before they existed (older runs stay
+  resumable), and a resume that changes them is refused, naming them."""
+  definition = {}
+  if FLAGS.clients_per_round is not None:
+    definition['clients_per_round'] = FLAGS.clients_per_round
+  if FLAGS.client_states_on_disk:
+    definition['client_states_on_disk'] = True
+  return definition
+# --- End of client sampling -------------------------------------------------
+
+
+# --- Differential privacy: the paper's "FedAvg DP sigma" (fedcg_tff/dp.py) --
+flags.DEFINE_float('dp_sigma', 0.0,
+                   'Gaussian noise std added on each client to its round '
+                   'update (every coordinate, after clipping to --dp_clip), '
+                   'through TF Privacy\'s GaussianSumQuery in a TFF '
+                   'DifferentiallyPrivateFactory; 0: off. Only '
+                   'fedavg, fedprox and fedsplit, whose clients then upload '
+                   'updates instead of weights and are averaged uniformly.')
+flags.DEFINE_float('dp_clip', 10.0,
+                   'L2 norm each client update is clipped to before its '
+                   'noise (with --dp_sigma). The default is above the '
+                   'update norms measured at one local epoch (1.5-4.5), so '
+                   'it does not bind there; it sets the noise multiplier '
+                   'dp_sigma / dp_clip that epsilon is computed for.')
+flags.DEFINE_float('dp_delta', 1e-5,
+                   'Delta of the (epsilon, delta) reported with --dp_sigma.')
+
+
+def _check_dp_flags():
+  if not (math.isfinite(FLAGS.dp_sigma) and FLAGS.dp_sigma >= 0):
+    raise app.UsageError(
+        f'--dp_sigma must be finite and >= 0, got {FLAGS.dp_sigma}')
+  if not (math.isfinite(FLAGS.dp_clip) and FLAGS.dp_clip > 0):
+    raise app.UsageError(
+        f'--dp_clip must be finite and > 0, got {FLAGS.dp_clip}')
+  if not 0 < FLAGS.dp_delta < 1:
+    raise app.UsageError(f'--dp_delta must be in (0, 1), got {FLAGS.dp_delta}')
+  if not FLAGS.dp_sigma:
+    for name in ('dp_clip', 'dp_delta'):
+      if FLAGS[name].present:
+        raise app.UsageError(f'--{name} is only used with --dp_sigma > 0')
+    return
+  if FLAGS.algorithm not in DP_ALGORITHMS:
+    raise app.UsageError(
+        f'--dp_sigma applies to --algorithm in {DP_ALGORITHMS}, not '
+        f'--algorithm={FLAGS.algorithm}')
+
+
+def dp_definition() -> dict:
+  """The DP flags for run.json, only when DP is on (so other runs keep the
+  run.json they had before these flags existed)."""
+  if not FLAGS.dp_sigma:
+    return {}
+  return {'dp_sigma': FLAGS.dp_sigma, 'dp_clip': FLAGS.dp_clip}
+
+
+def dp_aggregation(clients_per_round: int) -> dict:
+  """`algorithms.build` arguments for the DP flags (empty without DP)."""
+  if not FLAGS.dp_sigma:
+    return {}
+  from fedcg_tff import dp  # pylint: disable=g-import-not-at-top
+  return {'aggregation_factory': dp.mean_factory(
+              FLAGS.dp_sigma, FLAGS.dp_clip, clients_per_round),
+          'upload_updates': True}
+
+
+def dp_summary(rounds_run: int) -> dict:
+  """results.json's `dp` entry: sigma, clip, noise multiplier and the
+  (epsilon, delta) of `rounds_run` noised releases of a client's update."""
+  if not FLAGS.dp_sigma:
+    return {}
+  from fedcg_tff import dp  # pylint: disable=g-import-not-at-top
+  return {'dp': dp.describe(FLAGS.dp_sigma, FLAGS.dp_clip, rounds_run,
+                            FLAGS.dp_delta)}
+# --- End of differential privacy --------------------------------------------
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config = config_from_flags()
   _check_run_flags()
+  _check_clients_per_round_flag()
+  _check_worker_flags()
+  _check_dp_flags()
+  configure_device()
 
   # Imports that start TensorFlow come after flag checks: bad flags fail fast.
   from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
@@ -229,10 +418,14 @@ def main(argv):
 
   # Data first: a missing data set must not leave an output directory.
   task = load_task(config)
+  sampling = client_sampling(task.num_clients)
+  pool = worker_pool()  # Remote workers answer before anything is written.
   config = dataclasses.replace(config, num_classes=task.num_classes,
                                image_channels=task.channels)
   definition = {'config': dataclasses.asdict(config),
                 'run': {name: FLAGS[name].value for name in RUN_FLAGS}}
+  definition['run'].update(client_sampling_definition())
+  definition['run'].update(dp_definition())
   try:
     resuming = experiment.prepare_output_dir(FLAGS.output_dir, definition)
   except (FileExistsError, OSError) as e:
@@ -252,7 +445,11 @@ def main(argv):
         flush=True)
   size = config.image_size
   algorithm = algorithms.build(FLAGS.algorithm, config, task.num_clients,
-                               server_images=task.server_inputs(size))
+                               server_images=task.server_inputs(size),
+                               sampling=sampling,
+                               **dp_aggregation(sampling.clients_per_round or
+                                                task.num_clients))
+  spread_clients(algorithm, pool)
   writer = experiment.MetricsWriter(FLAGS.output_dir)
   started = time.monotonic()
   checkpoints = checkpoint.Checkpoints(
@@ -289,6 +486,7 @@ def main(argv):
       'mean_test_accuracy_at_best_val': tracker.mean_test,
       'total_round_seconds': sum(result.round_seconds),
   }
+  summary.update(dp_summary(result.rounds_run))
   experiment.write_json_atomically(results_path, summary)
   resumed = (f', resumed after round {result.resumed_from}'
              if result.resumed_from else '')
@@ -299,6 +497,12 @@ def main(argv):
         f'{summary["mean_round_seconds"]:.1f}s on average; this invocation '
         f'{time.monotonic() - started:.0f}s:')
   print(tracker.table(), flush=True)
+  if 'dp' in summary:
+    d = summary['dp']
+    print(f'DP: noise std {d["dp_sigma"]:g} on each client update clipped to '
+          f'{d["dp_clip"]:g} (noise multiplier {d["noise_multiplier"]:.3g}); '
+          f'({d["epsilon"]:.4g}, {d["dp_delta"]:g})-DP per client after '
+          f'{d["releases"]} rounds')
   print(f'\nTensorBoard: tensorboard --logdir {writer.tensorboard_dir}')
 
 

@@ -5,6 +5,7 @@ from typing import Optional
 import numpy as np
 
 from fedcg_tff import baselines_tff
+from fedcg_tff import client_store
 from fedcg_tff import fedcg_tff
 from fedcg_tff import process_tff
 from fedcg_tff.config import FedCGConfig
@@ -22,14 +23,27 @@ def build(algorithm: str,
           num_clients: int,
           server_images: Optional[np.ndarray] = None,
           aggregation_factory=None,
-          server_images_dir: Optional[str] = None
+          server_images_dir: Optional[str] = None,
+          sampling: Optional[client_store.ClientSampling] = None,
+          upload_updates: bool = False
           ) -> process_tff.ProcessAlgorithm:
-  """The driver of `algorithm` for `experiment.run`."""
+  """The driver of `algorithm` for `experiment.run`; `sampling`: clients per
+  round and where client states live (default: all clients, in memory).
+
+  `upload_updates` (fedavg, fedprox, fedsplit): clients upload their
+  round's update rather than their weights, for a DP `aggregation_factory`
+  (`dp.mean_factory`) that must clip and noise updates.
+  """
   if algorithm not in ALGORITHMS:
     raise ValueError(f'algorithm must be one of {ALGORITHMS}, '
                      f'got {algorithm!r}')
   if algorithm == 'fedcg':
-    return fedcg_tff.FedCGAlgorithm(config, num_clients, aggregation_factory)
+    if upload_updates:
+      raise ValueError('upload_updates applies to '
+                       f'{baselines_tff.UPDATE_ALGORITHMS}, not fedcg')
+    return fedcg_tff.FedCGAlgorithm(config, num_clients, aggregation_factory,
+                                    sampling=sampling)
   return baselines_tff.BaselineAlgorithm(
       config, algorithm, num_clients, aggregation_factory,
-      server_images=server_images, server_images_dir=server_images_dir)
+      server_images=server_images, server_images_dir=server_images_dir,
+      sampling=sampling, upload_updates=upload_updates)

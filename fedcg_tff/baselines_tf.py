@@ -43,6 +43,12 @@ class Baseline:
   proximal: bool = False  # FedProx's term towards the broadcast weights.
   server_distillation: bool = False  # FedDF: distil on server data.
   server_generator: bool = False  # FedGen: server-trained feature generator.
+  # Upload the round's update (trained minus broadcast weights) instead of
+  # the weights; the server adds the aggregate to its weights. Same mean,
+  # but a clip or noise in the aggregator then acts on the update, as DP
+  # needs (`run_fedcg --dp_sigma`, fedcg_tff/dp.py). Averaging-only
+  # baselines (fedavg, fedprox, fedsplit).
+  upload_update: bool = False
 
   @property
   def communicates(self) -> bool:
@@ -233,6 +239,10 @@ def client_update(nets: Networks, baseline: Baseline, message: ServerMessage,
       optimizer=optimizer,
       seed=state.seed)
   upload = {name: getattr(new_state, name) for name in baseline.shared}
+  if baseline.upload_update:
+    upload = {name: tuple(w - b for w, b in zip(upload[name],
+                                                 message.shared[name]))
+              for name in baseline.shared}
   return ClientOutput(
       state=new_state, upload=upload,
       weight=tf.cast(num_examples, tf.float32),
@@ -340,6 +350,10 @@ def server_update(nets: Networks, baseline: Baseline, state: ServerState,
   """
   config = nets.config
   shared = averaged
+  if baseline.upload_update:  # `averaged` is the mean update.
+    shared = {name: tuple(w + u for w, u in zip(state.shared[name],
+                                                 averaged[name]))
+              for name in baseline.shared}
   generator = state.generator
   optimizer_state = state.optimizer_state
   metrics = _zero_server_metrics()

@@ -22,6 +22,7 @@ that `next` keeps the signature of every other algorithm and the images are
 not re-serialised into the computation each round.
 """
 
+import dataclasses
 import functools
 import os
 import tempfile
@@ -32,7 +33,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedcg_tff import baselines_tf
+from fedcg_tff import client_store
+from fedcg_tff import devices
 from fedcg_tff import process_tff
+from fedcg_tff import round_parts
 from fedcg_tff.config import FedCGConfig
 
 ALGORITHMS = tuple(baselines_tf.BASELINES)
@@ -50,6 +54,21 @@ def _baseline(algorithm: str) -> baselines_tf.Baseline:
     raise ValueError(f'algorithm must be one of {ALGORITHMS}, '
                      f'got {algorithm!r}')
   return baselines_tf.BASELINES[algorithm]
+
+
+# The baselines that only average, which can upload updates instead of
+# weights (for DP aggregation: fedcg_tff/dp.py).
+UPDATE_ALGORITHMS = ('fedavg', 'fedprox', 'fedsplit')
+
+
+def _with_updates(baseline: baselines_tf.Baseline, upload_updates: bool
+                  ) -> baselines_tf.Baseline:
+  if not upload_updates:
+    return baseline
+  if baseline.name not in UPDATE_ALGORITHMS:
+    raise ValueError(f'upload_updates applies to {UPDATE_ALGORITHMS} (which '
+                     f'only average), not {baseline.name!r}')
+  return dataclasses.replace(baseline, upload_update=True)
 
 
 def write_server_images(images: np.ndarray, path: str,
@@ -82,15 +101,19 @@ def build_baseline_process(
     aggregation_factory: Optional[
         tff.aggregators.WeightedAggregationFactory] = None,
     server_images_path: Optional[str] = None,
+    upload_updates: bool = False,
 ) -> tff.templates.IterativeProcess:
   """The baseline `algorithm` ('local', 'fedavg', ...) as an iterative process.
 
   `next(server_state, client_states, client_data)` returns
   `(server_state, client_states, process_tff.RoundMetrics)`, as FedCG's does.
   `server_images_path` (FedDF only): a file from `write_server_images`.
+  `upload_updates`: clients upload their round's update instead of their
+  weights (`baselines_tf.Baseline.upload_update`; fedavg, fedprox and
+  fedsplit), so that a DP aggregator clips and noises updates.
   """
   config = config.validate()
-  baseline = _baseline(algorithm)
+  baseline = _with_updates(_baseline(algorithm), upload_updates)
   if baseline.server_distillation and not server_images_path:
     raise ValueError('feddf needs server_images_path (unlabeled server data)')
   nets = lambda: baselines_tf.Networks(config)
@@ -130,8 +153,9 @@ def build_baseline_process(
   @tff.tensorflow.computation(server_message.type_signature.result,
                               client_state_type, data_type)
   def client_update(message, state, dataset):
-    return baselines_tf.client_update(nets(), baseline, message, state,
-                                      dataset)
+    with devices.scope():
+      return baselines_tf.client_update(nets(), baseline, message, state,
+                                        dataset)
 
   collect = (process_tff.build_collect(upload_type)
              if baseline.collects_client_models else None)
@@ -157,26 +181,34 @@ def build_baseline_process(
           nets(), baseline, state, aggregator_state, averaged, values,
           weights, images)
 
-  @tff.federated_computation(*process_tff.next_parameter_types(
-      config, server_state_type, client_state_type))
-  def next_fn(server_state, client_states, client_data):
+  parameter_types = process_tff.next_parameter_types(
+      config, server_state_type, client_state_type)
+
+  @tff.federated_computation(*parameter_types)
+  def clients_step(server_state, client_states, client_data):
     message = tff.federated_broadcast(
         tff.federated_map(server_message, server_state))
-    outputs = tff.federated_map(client_update,
-                                (message, client_states, client_data))
-    aggregated = aggregator.next(server_state.aggregator_state,
-                                 outputs.upload, outputs.weight)
+    return tff.federated_map(client_update,
+                             (message, client_states, client_data))
+
+  outputs_type = clients_step.type_signature.result.member
+
+  @tff.federated_computation(
+      parameter_types[0], tff.FederatedType(outputs_type.upload, tff.CLIENTS),
+      tff.FederatedType(outputs_type.weight, tff.CLIENTS))
+  def server_step(server_state, uploads, weights):
+    aggregated = aggregator.next(server_state.aggregator_state, uploads,
+                                 weights)
     update_args = (server_state, aggregated.state, aggregated.result)
     if collect is not None:
-      update_args += (collect(outputs.upload, outputs.weight),)
+      update_args += (collect(uploads, weights),)
     new_server_state, server_metrics = tff.federated_map(server_update,
                                                          update_args)
-    metrics = process_tff.RoundMetrics(server=server_metrics,
-                                       aggregator=aggregated.measurements,
-                                       clients=outputs.metrics)
-    return new_server_state, outputs.state, metrics
+    return new_server_state, server_metrics, aggregated.measurements
 
-  return tff.templates.IterativeProcess(initialize, next_fn)
+  return round_parts.RoundProcess(
+      initialize, round_parts.RoundParts(clients_step, server_step),
+      parameter_types)
 
 
 def _build_local_process(config, baseline, initialize, server_state_type,
@@ -186,9 +218,14 @@ def _build_local_process(config, baseline, initialize, server_state_type,
 
   @tff.tensorflow.computation(client_state_type, data_type)
   def client_update(state, dataset):
-    output = baselines_tf.client_update(baselines_tf.Networks(config),
-                                        baseline, None, state, dataset)
-    return output.state, output.metrics
+    with devices.scope():
+      output = baselines_tf.client_update(baselines_tf.Networks(config),
+                                          baseline, None, state, dataset)
+    # Nothing is uploaded: the round's parts keep the common shape with an
+    # empty upload and a zero weight that the server's step ignores.
+    return baselines_tf.ClientOutput(state=output.state, upload=(),
+                                     weight=tf.constant(0.0),
+                                     metrics=output.metrics)
 
   @tff.tensorflow.computation(server_state_type)
   def advance_round(state):
@@ -198,16 +235,26 @@ def _build_local_process(config, baseline, initialize, server_state_type,
         aggregator_state=state.aggregator_state,
         round_num=state.round_num + 1)
 
-  @tff.federated_computation(*process_tff.next_parameter_types(
-      config, server_state_type, client_state_type))
-  def next_fn(server_state, client_states, client_data):
-    new_states, client_metrics = tff.federated_map(
-        client_update, (client_states, client_data))
-    metrics = process_tff.RoundMetrics(server=(), aggregator=(),
-                                       clients=client_metrics)
-    return tff.federated_map(advance_round, server_state), new_states, metrics
+  parameter_types = process_tff.next_parameter_types(
+      config, server_state_type, client_state_type)
 
-  return tff.templates.IterativeProcess(initialize, next_fn)
+  @tff.federated_computation(*parameter_types)
+  def clients_step(server_state, client_states, client_data):
+    del server_state  # Local clients get nothing from the server.
+    return tff.federated_map(client_update, (client_states, client_data))
+
+  outputs_type = clients_step.type_signature.result.member
+
+  @tff.federated_computation(
+      parameter_types[0], tff.FederatedType(outputs_type.upload, tff.CLIENTS),
+      tff.FederatedType(outputs_type.weight, tff.CLIENTS))
+  def server_step(server_state, uploads, weights):
+    del uploads, weights  # Empty: see client_update.
+    return tff.federated_map(advance_round, server_state), (), ()
+
+  return round_parts.RoundProcess(
+      initialize, round_parts.RoundParts(clients_step, server_step),
+      parameter_types)
 
 
 class BaselineAlgorithm(process_tff.ProcessAlgorithm):
@@ -220,7 +267,9 @@ class BaselineAlgorithm(process_tff.ProcessAlgorithm):
 
   def __init__(self, config: FedCGConfig, algorithm: str, num_clients: int,
                aggregation_factory=None, server_images=None,
-               server_images_dir: Optional[str] = None):
+               server_images_dir: Optional[str] = None,
+               sampling: Optional[client_store.ClientSampling] = None,
+               upload_updates: bool = False):
     config = config.validate()
     baseline = _baseline(algorithm)
     path = None
@@ -234,6 +283,6 @@ class BaselineAlgorithm(process_tff.ProcessAlgorithm):
           server_images, os.path.join(server_images_dir, 'server_images.tf'),
           config.image_size)
     process = build_baseline_process(config, algorithm, aggregation_factory,
-                                     path)
+                                     path, upload_updates)
     super().__init__(config, num_clients, process,
-                     init_client_computation(config))
+                     init_client_computation(config), sampling)

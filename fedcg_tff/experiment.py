@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
@@ -253,8 +254,10 @@ def check_finite(round_num: int, metrics: dict[str, float], state,
                  packed: dict[str, np.ndarray] | None = None) -> None:
   """Raises NumericalFault naming round, party and quantity if a metric or
   any value of the algorithm's state (server state, client states) is not
-  finite. `packed` (`checkpoint.pack(state)`, if the caller has it) makes
-  the usual all-finite case one vectorised check per dtype."""
+  finite. The client states are a list (client i at index i) or a mapping
+  from client id to state (the clients of a sampled round). `packed`
+  (`checkpoint.pack(state)`, if the caller has it) makes the usual
+  all-finite case one vectorised check per dtype."""
   # Clients train before the server steps: a fault at a client shows up in
   # the server's metrics too, so clients are checked first to name where it
   # started.
@@ -267,8 +270,10 @@ def check_finite(round_num: int, metrics: dict[str, float], state,
       np.all(np.isfinite(v)) for v in packed.values() if v.dtype.kind == 'f'):
     return
   server, clients = state
+  clients = (clients.items() if isinstance(clients, Mapping)
+             else enumerate(clients))
   parts = [('server state', server)] + [
-      (f'client {i} state', c) for i, c in enumerate(clients)]
+      (f'client {i} state', c) for i, c in clients]
   for party, structure in parts:
     for keys, leaf in tree.flatten_with_path(structure):
       path = '/'.join(str(k) for k in keys)

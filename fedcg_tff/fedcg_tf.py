@@ -77,6 +77,10 @@ class ClientOutput:
   upload: ClientUpload
   weight: Any  # n_i, float32.
   metrics: ClientMetrics
+  # With `timed`: wall-clock stamps (float64 seconds since the epoch) at the
+  # start, after stage 1, after stage 2 and after the teacher logits, for
+  # binaries/benchmark.py; () otherwise.
+  times: Any = ()
 
 
 @attrs.define(frozen=True)
@@ -231,8 +235,13 @@ def generated_logits(generator, classifier, noise, labels):
 
 @tf.function
 def client_update(nets: Networks, message: ServerMessage, state: ClientState,
-                  dataset) -> ClientOutput:
-  """One FedCG client round: load G_g/C_g, stage 1, stage 2, teacher logits."""
+                  dataset, timed: bool = False) -> ClientOutput:
+  """One FedCG client round: load G_g/C_g, stage 1, stage 2, teacher logits.
+
+  `timed` adds `ClientOutput.times`; each stamp waits for the phase before
+  it and the next phase waits for the stamp, so the stamps bracket the
+  phases (the values computed are the same either way).
+  """
   config = nets.config
   networks.assign_weights(nets.generator, message.generator)
   networks.assign_weights(nets.classifier, message.classifier)
@@ -240,18 +249,32 @@ def client_update(nets: Networks, message: ServerMessage, state: ClientState,
   networks.assign_weights(nets.discriminator, state.discriminator)
   gamma = gamma_ramp(message.round_num, config.gamma_ramp_rounds)
 
+  stamps = []
+
+  def stamp(after):
+    """A timestamp after `after`; the next phase is built after it."""
+    if not timed:
+      return []
+    with tf.control_dependencies(tf.nest.flatten(after)):
+      stamps.append(tf.timestamp())
+    return stamps[-1:]
+
   num_examples = training_tf.count_examples(dataset)
   # Passes over `dataset` in order: see training_tf.PASS_ORDER_NOTE. Stage 2
   # follows stage 1 through the extractor's variables.
   with tf.control_dependencies([num_examples]):
-    cls_opt, cls_loss, dist_loss = train_classification(
-        nets, state.classification_optimizer, dataset, gamma, state.seed,
-        message.round_num)
-  d_opt, g_opt, d_loss, g_loss = train_gan(
-      nets, state.discriminator_optimizer, state.generator_optimizer, dataset,
-      state.seed, message.round_num)
-  teacher = generated_logits(nets.generator, nets.classifier,
-                             message.distill_noise, message.distill_labels)
+    with tf.control_dependencies(stamp(num_examples)):
+      cls_opt, cls_loss, dist_loss = train_classification(
+          nets, state.classification_optimizer, dataset, gamma, state.seed,
+          message.round_num)
+  with tf.control_dependencies(stamp((cls_opt, cls_loss, dist_loss))):
+    d_opt, g_opt, d_loss, g_loss = train_gan(
+        nets, state.discriminator_optimizer, state.generator_optimizer,
+        dataset, state.seed, message.round_num)
+  with tf.control_dependencies(stamp((d_opt, g_opt, d_loss, g_loss))):
+    teacher = generated_logits(nets.generator, nets.classifier,
+                               message.distill_noise, message.distill_labels)
+  stamp(teacher)
 
   classifier = networks.weight_values(nets.classifier)
   new_state = ClientState(
@@ -273,7 +296,7 @@ def client_update(nets: Networks, message: ServerMessage, state: ClientState,
                           dist_loss=dist_loss, d_loss=d_loss, g_loss=g_loss)
   return ClientOutput(state=new_state, upload=upload,
                       weight=tf.cast(num_examples, tf.float32),
-                      metrics=metrics)
+                      metrics=metrics, times=tuple(stamps))
 
 
 # ---------------------------------------------------------------------------

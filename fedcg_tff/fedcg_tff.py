@@ -9,6 +9,12 @@ The math lives in `fedcg_tf.py`; this module wraps those functions in
   aggregate: weighted mean of (G_i, C_i, teacher logits)     CLIENTS -> SERVER
   server: distil the mean teacher into the averaged (G_g, C_g)
 
+`next` is built as two federated computations, the clients' step (the
+server's draw, the broadcast and the clients' training) and the server's
+step (aggregation and distillation; it redraws the same (z, y) from the
+round number), composed by `round_parts`, so that `workers.ShardedRound`
+can spread the clients over several TFF workers with the same results.
+
 The private extractor E_i lives in the CLIENTS-placed client state, which is
 an input and an output of `next` and never an argument of a broadcast or an
 aggregation (`tests/fedcg_tff_test.py` checks the type signatures).
@@ -24,8 +30,11 @@ from typing import Optional
 import numpy as np
 import tensorflow_federated as tff
 
+from fedcg_tff import client_store
+from fedcg_tff import devices
 from fedcg_tff import fedcg_tf
 from fedcg_tff import process_tff
+from fedcg_tff import round_parts
 from fedcg_tff.config import FedCGConfig
 
 
@@ -40,7 +49,8 @@ class FedCGComputations:
   """The TF computations of FedCG for one config, and the types they fix."""
 
   def __init__(self, config: FedCGConfig,
-               aggregation_factory: tff.aggregators.WeightedAggregationFactory):
+               aggregation_factory: tff.aggregators.WeightedAggregationFactory,
+               timed: bool = False):
     self.config = config.validate()
     self.data_type = process_tff.data_type(config)
     self.client_state_type = (
@@ -88,8 +98,9 @@ class FedCGComputations:
     @tff.tensorflow.computation(server_message.type_signature.result,
                                 self.client_state_type, self.data_type)
     def client_update(message, state, dataset):
-      return fedcg_tf.client_update(
-          fedcg_tf.Networks(config), message, state, dataset)
+      with devices.scope():
+        return fedcg_tf.client_update(
+            fedcg_tf.Networks(config), message, state, dataset, timed)
 
     self.client_update = client_update
 
@@ -98,9 +109,10 @@ class FedCGComputations:
         zy_type)
     def server_update(state, aggregator_state, averaged, zy):
       noise, labels = zy
-      return fedcg_tf.server_update(
-          fedcg_tf.Networks(config), state, aggregator_state, averaged, noise,
-          labels)
+      with devices.scope():
+        return fedcg_tf.server_update(
+            fedcg_tf.Networks(config), state, aggregator_state, averaged,
+            noise, labels)
 
     self.server_update = server_update
 
@@ -109,6 +121,7 @@ def build_fedcg_process(
     config: FedCGConfig,
     aggregation_factory: Optional[
         tff.aggregators.WeightedAggregationFactory] = None,
+    timed: bool = False,
 ) -> tff.templates.IterativeProcess:
   """FedCG as an iterative process.
 
@@ -119,42 +132,56 @@ def build_fedcg_process(
   `process_tff.build_client_state_initializer(init_client_computation(...))`.
   `aggregation_factory` (default: weighted mean) aggregates what the clients
   share, so DP or secure aggregation from `tff.aggregators` plug in here.
+  `timed` (binaries/benchmark.py) adds phase timestamps to the clients'
+  outputs (`fedcg_tf.ClientOutput.times`).
   """
   comps = FedCGComputations(
-      config, aggregation_factory or tff.aggregators.MeanFactory())
+      config, aggregation_factory or tff.aggregators.MeanFactory(), timed)
   aggregator = comps.aggregator
 
   @tff.federated_computation
   def initialize():
     return tff.federated_map(comps.init_server, aggregator.initialize())
 
-  @tff.federated_computation(*process_tff.next_parameter_types(
-      config, comps.server_state_type, comps.client_state_type))
-  def next_fn(server_state, client_states, client_data):
+  parameter_types = process_tff.next_parameter_types(
+      config, comps.server_state_type, comps.client_state_type)
+  server_state_type, client_states_type, data_type = parameter_types
+
+  @tff.federated_computation(server_state_type, client_states_type, data_type)
+  def clients_step(server_state, client_states, client_data):
     zy = tff.federated_map(comps.distill_inputs, server_state.round_num)
     message = tff.federated_broadcast(
         tff.federated_map(comps.server_message, (server_state, zy)))
-    outputs = tff.federated_map(comps.client_update,
-                                (message, client_states, client_data))
-    aggregated = aggregator.next(server_state.aggregator_state,
-                                 outputs.upload, outputs.weight)
+    return tff.federated_map(comps.client_update,
+                             (message, client_states, client_data))
+
+  outputs_type = clients_step.type_signature.result.member
+
+  @tff.federated_computation(
+      server_state_type, tff.FederatedType(outputs_type.upload, tff.CLIENTS),
+      tff.FederatedType(outputs_type.weight, tff.CLIENTS))
+  def server_step(server_state, uploads, weights):
+    # The same (z, y) as the clients' step drew: keyed by the round number.
+    zy = tff.federated_map(comps.distill_inputs, server_state.round_num)
+    aggregated = aggregator.next(server_state.aggregator_state, uploads,
+                                 weights)
     new_server_state, server_metrics = tff.federated_map(
         comps.server_update,
         (server_state, aggregated.state, aggregated.result, zy))
-    metrics = process_tff.RoundMetrics(server=server_metrics,
-                                       aggregator=aggregated.measurements,
-                                       clients=outputs.metrics)
-    return new_server_state, outputs.state, metrics
+    return new_server_state, server_metrics, aggregated.measurements
 
-  return tff.templates.IterativeProcess(initialize, next_fn)
+  return round_parts.RoundProcess(
+      initialize, round_parts.RoundParts(clients_step, server_step),
+      parameter_types)
 
 
 class FedCGAlgorithm(process_tff.ProcessAlgorithm):
   """FedCG driven round by round for `experiment.run`."""
 
   def __init__(self, config: FedCGConfig, num_clients: int,
-               aggregation_factory=None):
+               aggregation_factory=None,
+               sampling: Optional[client_store.ClientSampling] = None):
     config = config.validate()
     super().__init__(config, num_clients,
                      build_fedcg_process(config, aggregation_factory),
-                     init_client_computation(config))
+                     init_client_computation(config), sampling)

@@ -14,6 +14,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedcg_tff import client_store
+from fedcg_tff import experiment
 from fedcg_tff import training_tf
 from fedcg_tff.config import FedCGConfig
 
@@ -176,52 +178,177 @@ def _scalars(prefix: str, metrics) -> dict[str, float]:
   return {f'{prefix}/{k}': float(v) for k, v in attrs.asdict(metrics).items()}
 
 
-def flatten_round_metrics(metrics: RoundMetrics) -> dict[str, float]:
-  """`server/<name>`, `client_<i>/<name>` and `mean/<name>` scalars."""
+def flatten_round_metrics(metrics: RoundMetrics,
+                          client_ids: list[int] | None = None
+                          ) -> dict[str, float]:
+  """`server/<name>`, `client_<i>/<name>` and `mean/<name>` scalars.
+
+  `client_ids[j]` is the client whose metrics are `metrics.clients[j]`
+  (default: j): with client sampling the round's clients are a subset, and
+  the means are over them only.
+  """
   out = _scalars('server', metrics.server)
+  if client_ids is None:
+    client_ids = list(range(len(metrics.clients)))
   per_client = [_scalars(f'client_{i}', m)
-                for i, m in enumerate(metrics.clients)]
-  for i, m in enumerate(per_client):
+                for i, m in zip(client_ids, metrics.clients, strict=True)]
+  for m in per_client:
     out.update(m)
   if per_client and per_client[0]:
     for key in per_client[0]:
       name = key.split('/', 1)[1]
       out[f'mean/{name}'] = float(np.mean(
-          [m[f'client_{i}/{name}'] for i, m in enumerate(per_client)]))
+          [m[f'client_{i}/{name}'] for i, m in zip(client_ids, per_client)]))
   return out
 
 
 class ProcessAlgorithm:
   """Drives an algorithm's process for `experiment.run`: holds the server
-  state and (in this simulation) the list of client states between rounds."""
+  state, and keeps the client states in a store between rounds.
+
+  Without `sampling` every client takes part in every round and the client
+  states are a list in memory, part of `state()` (so of every checkpoint).
+  With `sampling.clients_per_round` below the number of clients, each round
+  runs `process.next` on the sampled clients only (their states and
+  datasets; `next` infers the CLIENTS cardinality) and the others' states
+  are left untouched. With `sampling.states_dir`, client states live there,
+  one file per client (`client_store.DiskClientStore`), and at most
+  `clients_per_round` of them are loaded at a time; `state()` then holds the
+  server state only, and the store rolls back to the restored round.
+  """
 
   def __init__(self, config: FedCGConfig, num_clients: int,
                process: tff.templates.IterativeProcess,
-               init_client: tff.Computation):
+               init_client: tff.Computation,
+               sampling: client_store.ClientSampling | None = None):
+    sampling = sampling or client_store.ClientSampling()
     self.config = config
     self.process = process
+    # What runs a round: `process.next`, or a `workers.ShardedRound` that
+    # spreads the clients over several TFF workers (same results).
+    self.next_round = process.next
+    self.num_clients = num_clients
+    self.clients_per_round = sampling.clients_per_round or num_clients
+    if not 1 <= self.clients_per_round <= num_clients:
+      raise ValueError(
+          f'clients_per_round must be in [1, {num_clients}] (the number of '
+          f'clients), got {self.clients_per_round}')
     state_type = init_client.type_signature.result
     self._evaluate = build_evaluation(config, state_type)
     self.server_state = process.initialize()
-    self.client_states = build_client_state_initializer(init_client)(
-        client_seeds(config, num_clients))
+    initialize_clients = build_client_state_initializer(init_client)
+    seeds = client_seeds(config, num_clients)
+    if sampling.states_dir is None:
+      self._store = client_store.MemoryClientStore(initialize_clients(seeds))
+    else:
+      self._store = client_store.DiskClientStore(
+          sampling.states_dir, num_clients,
+          lambda ids: list(initialize_clients([seeds[i] for i in ids])),
+          template=initialize_clients(seeds[:1])[0])
+    # Per client, (val dataset, test dataset, val acc., test acc.) of its
+    # current state: see `evaluate`.
+    self._accuracy: dict[int, tuple] = {}
 
-  def run_round(self, round_num: int, train_data: list) -> dict[str, float]:
-    del round_num  # The server state counts rounds.
-    self.server_state, self.client_states, metrics = self.process.next(
-        self.server_state, self.client_states, train_data)
-    return flatten_round_metrics(metrics)
+  @property
+  def states_on_disk(self) -> bool:
+    return isinstance(self._store, client_store.DiskClientStore)
+
+  @property
+  def client_store(self):
+    return self._store
+
+  @property
+  def client_states(self) -> list:
+    """Every client's state (in-memory store only: a disk store would have
+    to load them all, which is what it exists to avoid)."""
+    if self.states_on_disk:
+      raise AttributeError(
+          'client states are on disk: use load_client_states(ids)')
+    return self._store.all_states()
+
+  def load_client_states(self, ids) -> list:
+    return self._store.load(ids)
+
+  def sample_clients(self, round_num: int) -> list[int]:
+    """The sorted clients of 0-based round `round_num` (all of them without
+    sampling), drawn from (run seed, round) only."""
+    return client_store.sample_clients(self.config.seed, round_num,
+                                       self.num_clients,
+                                       self.clients_per_round)
+
+  def run_round(self, round_num: int, train_data) -> dict[str, float]:
+    """One round on the sampled clients; `train_data[i]` is client i's
+    dataset (only the sampled ones are read).
+
+    The round's metrics and new states are checked for non-finite values
+    before any state is stored (naming the client by its id), so a fault
+    never reaches the store. The metrics are the server's and, per sampled
+    client, its training metrics; `mean/...` are over the sampled clients.
+    """
+    # `round_num` rounds are complete: a disk store drops any state written
+    # by a later round whose checkpoint was never saved (in-memory stores
+    # were restored whole).
+    self._store.discard_after(round_num)
+    ids = self.sample_clients(round_num)
+    states = self._store.load(ids)
+    server_state, new_states, metrics = self.next_round(
+        self.server_state, states, [train_data[i] for i in ids])
+    del states  # Only the new states stay in memory until stored.
+    new_states = list(new_states)
+    flat = flatten_round_metrics(metrics, ids)
+    # Leaf by leaf: packing would copy every new state once more.
+    experiment.check_finite(round_num + 1, flat,
+                            (server_state, dict(zip(ids, new_states))))
+    self._store.save(round_num + 1, ids, new_states)
+    self.server_state = server_state
+    for i in ids:
+      self._accuracy.pop(i, None)
+    return flat
 
   def state(self):
-    """Everything a resumed run needs: (server state, client states)."""
-    return self.server_state, list(self.client_states)
+    """Everything a resumed run needs besides a disk store's files:
+    (server state, every client state), or (server state, []) when the
+    client states are on disk."""
+    if self.states_on_disk:
+      return self.server_state, []
+    return self.server_state, self._store.all_states()
 
   def restore(self, state) -> None:
     self.server_state, client_states = state
-    self.client_states = list(client_states)
+    self._accuracy.clear()
+    if self.states_on_disk:
+      # The server state counts completed rounds; client files of later
+      # rounds belong to a round whose checkpoint was never saved.
+      self._store.discard_after(int(self.server_state.round_num))
+    else:
+      self._store.restore_all(list(client_states))
 
   def evaluate(self, val_data: list, test_data: list):
-    results = self._evaluate(self.client_states, val_data, test_data)
-    return ([float(r.val_accuracy) for r in results],
-            [float(r.test_accuracy) for r in results])
+    """Every client's validation and test accuracy of its E_i then C_i.
 
+    States are loaded and evaluated in chunks of at most
+    `clients_per_round`, so a disk store never has more in memory. A
+    client's accuracies are kept until its state changes (a round that
+    samples it, or a restore) and reused while it is evaluated on the same
+    dataset objects: evaluation is deterministic (fixed order, fixed noise,
+    inference mode), so a reused value equals what evaluating again would
+    give, and with 10 of 100 clients sampled a round evaluates 10 clients,
+    not 100. Without sampling every client changes every round, and all are
+    evaluated in one call as before.
+    """
+    def fresh(i):
+      cached = self._accuracy.get(i)
+      return (cached is not None and cached[0] is val_data[i] and
+              cached[1] is test_data[i])
+
+    todo = [i for i in range(self.num_clients) if not fresh(i)]
+    for start in range(0, len(todo), self.clients_per_round):
+      chunk = todo[start:start + self.clients_per_round]
+      results = self._evaluate(self._store.load(chunk),
+                               [val_data[i] for i in chunk],
+                               [test_data[i] for i in chunk])
+      for i, r in zip(chunk, results, strict=True):
+        self._accuracy[i] = (val_data[i], test_data[i],
+                             float(r.val_accuracy), float(r.test_accuracy))
+    return ([self._accuracy[i][2] for i in range(self.num_clients)],
+            [self._accuracy[i][3] for i in range(self.num_clients)])

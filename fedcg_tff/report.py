@@ -1,4 +1,5 @@
-"""The paper's kinds of output from finished runs: Table 1 and Figure 5.
+"""The paper's kinds of output from finished runs: Table 1, Figure 5 and
+Table 2 (privacy: `PrivacyRow`, written by binaries/run_privacy_attack.py).
 
 Each run directory holds the `results.json` the binary writes. Table 1
 reports, per algorithm and task, the mean over seeds of the run's figure
@@ -154,3 +155,118 @@ def gain_chart(gains: dict[str, np.ndarray], client_names: Sequence[str],
   bars = sum(len(c) for c in ax.containers)
   plt.close(fig)
   return pixels, bars
+
+
+# ---------------------------------------------------------------------------
+# Table 2: accuracy and DLG reconstruction quality per algorithm.
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyRow:
+  """One algorithm (threat model) of Table 2."""
+  name: str  # 'fedavg', 'fedavg_dp0.1', ...
+  label: str  # 'FedAvg DP 0.1'
+  psnr: tuple[float, ...]  # Per attacked image, dB.
+  ssim: tuple[float, ...]
+  labels_recovered: tuple[bool, ...]
+  accuracy: float | None = None  # Mean test acc. at best val., in [0, 1].
+  accuracy_rounds: int | None = None  # Rounds of that training run.
+  epsilon_gradient: float | None = None  # DP: the attacked release alone.
+  epsilon_training: float | None = None  # DP: the training run's rounds.
+  seconds: float = 0.0  # Attack time, all images.
+
+
+def _mean_std(values) -> tuple[float, float]:
+  return float(np.mean(values)), float(np.std(values))
+
+
+def _epsilon_text(value: float | None) -> str:
+  if value is None:
+    return '—'
+  if not np.isfinite(value):
+    return '∞'
+  return f'{value:.3g}'
+
+
+def privacy_markdown(rows: Sequence[PrivacyRow], delta: float) -> str:
+  """Table 2 as Markdown: accuracy, PSNR and SSIM mean ± std over the
+  attacked images (numpy's ddof 0), label recovery, epsilon."""
+  lines = ['| algorithm | accuracy (%) | PSNR (dB) | SSIM | labels '
+           f'recovered | ε (one gradient, δ={delta:g}) | ε (training, '
+           f'δ={delta:g}) |',
+           '|---|---|---|---|---|---|---|']
+  for row in rows:
+    accuracy = ('—' if row.accuracy is None else
+                f'{100 * row.accuracy:.2f}' +
+                (f' ({row.accuracy_rounds} rounds)'
+                 if row.accuracy_rounds else ''))
+    psnr_mean, psnr_std = _mean_std(row.psnr)
+    ssim_mean, ssim_std = _mean_std(row.ssim)
+    lines.append(
+        f'| {row.label} | {accuracy} | {psnr_mean:.2f} ± {psnr_std:.2f} | '
+        f'{ssim_mean:.3f} ± {ssim_std:.3f} | '
+        f'{sum(row.labels_recovered)}/{len(row.labels_recovered)} | '
+        f'{_epsilon_text(row.epsilon_gradient)} | '
+        f'{_epsilon_text(row.epsilon_training)} |')
+  return '\n'.join(lines) + '\n'
+
+
+def privacy_csv(rows: Sequence[PrivacyRow]) -> str:
+  """Table 2 as CSV, one row per algorithm."""
+  out = io.StringIO()
+  writer = csv.writer(out)
+  writer.writerow(['algorithm', 'label', 'accuracy', 'accuracy_rounds',
+                   'psnr_mean', 'psnr_std', 'ssim_mean', 'ssim_std',
+                   'images', 'labels_recovered', 'epsilon_gradient',
+                   'epsilon_training', 'attack_seconds'])
+  number = lambda v: '' if v is None else f'{v:.6g}'
+  for row in rows:
+    psnr_mean, psnr_std = _mean_std(row.psnr)
+    ssim_mean, ssim_std = _mean_std(row.ssim)
+    writer.writerow([
+        row.name, row.label, number(row.accuracy),
+        '' if row.accuracy_rounds is None else row.accuracy_rounds,
+        f'{psnr_mean:.4f}', f'{psnr_std:.4f}', f'{ssim_mean:.4f}',
+        f'{ssim_std:.4f}', len(row.psnr), sum(row.labels_recovered),
+        number(row.epsilon_gradient), number(row.epsilon_training),
+        f'{row.seconds:.1f}'])
+  return out.getvalue()
+
+
+def reconstruction_grid(true_images: np.ndarray,
+                        reconstructions: dict[str, np.ndarray],
+                        psnrs: dict[str, Sequence[float]], path: str):
+  """A grid of images in [0, 1] (NHWC): one row per attacked image, the true
+  image then each algorithm's reconstruction with its PSNR. Writes a PNG to
+  `path` (write then rename); returns the figure's RGB pixels (uint8)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  columns = ['true'] + list(reconstructions)
+  count = len(true_images)
+  fig, axes = plt.subplots(count, len(columns), squeeze=False,
+                           figsize=(1.25 * len(columns), 1.3 * count + 0.3),
+                           dpi=100)
+  for i in range(count):
+    for j, name in enumerate(columns):
+      image = true_images[i] if name == 'true' else reconstructions[name][i]
+      ax = axes[i][j]
+      if image.shape[-1] == 1:
+        ax.imshow(image[..., 0], cmap='gray', vmin=0.0, vmax=1.0)
+      else:
+        ax.imshow(np.clip(image, 0.0, 1.0))
+      ax.set_xticks([])
+      ax.set_yticks([])
+      if i == 0:
+        ax.set_title(name, fontsize=7)
+      if name != 'true':
+        ax.set_xlabel(f'{psnrs[name][i]:.1f} dB', fontsize=7)
+  fig.tight_layout(pad=0.3)
+  tmp = f'{path}.tmp.png'
+  fig.savefig(tmp, format='png')
+  os.replace(tmp, path)
+  fig.canvas.draw()
+  pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+  plt.close(fig)
+  return pixels

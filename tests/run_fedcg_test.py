@@ -45,6 +45,10 @@ def _run(args, timeout=600):
     ('--model=vgg', 'flag --model=vgg'),
     ('--dirichlet_alpha=0', '--dirichlet_alpha must be > 0'),
     ('--noise_std=0.1', '--noise_std is only used with --add_noise'),
+    ('--workers=0', '--workers must be >= 1, got 0'),
+    ('--worker_addresses=nohost', "--worker_addresses: 'nohost' is not "
+     'host:port'),
+    ('--device=gpu', '--device=gpu: TensorFlow sees no GPU'),
 ])
 def test_invalid_flag_fails_at_start_naming_it(tmp_path, flag, message):
   rc, _, err = _run([f'--output_dir={tmp_path / "out"}', flag], timeout=60)
@@ -167,13 +171,22 @@ def _fake_idx(tmp_path):
   return data
 
 
+def _all_workers() -> set[int]:
+  return {p.pid for p in psutil.process_iter(['name'])
+          if p.info['name'] == 'worker_binary'}
+
+
 def test_same_flags_give_the_same_metrics(tmp_path):
+  """Also: the second run spreads its clients over two local workers
+  (`--workers=2`), with the same results, and leaves no worker behind."""
   data = _fake_idx(tmp_path)
   outs = [tmp_path / 'a', tmp_path / 'b']
-  for out in outs:
+  before = _all_workers()
+  for out, extra in zip(outs, ([], ['--workers=2'])):
     rc, _, err = _run([f'--output_dir={out}', f'--data_dir={data}',
-                       *_TINY_RUN])
+                       *_TINY_RUN, *extra])
     assert rc == 0, err[-3000:]
+  assert _all_workers() <= before
   first = _metrics_without_timing(outs[0])
   assert len(first) == 4 and 'client_1/g_loss' in first[0]
   assert first == _metrics_without_timing(outs[1])

@@ -1,0 +1,325 @@
+r"""Times FedCG rounds on real Fashion-MNIST, phase by phase.
+
+  .venv/bin/python -m binaries.benchmark                  # 4 clients, 1 worker
+  .venv/bin/python -m binaries.benchmark --clients=16 --workers=2 \
+      --json=bench.json
+
+Each round runs as the process's two steps (`round_parts`): the clients'
+step (on `--workers` local TFF workers, or on `--worker_addresses`), then the
+server's step; that is what `next` runs. The clients' phases are timed
+inside the workers (`fedcg_tf.client_update(timed=True)` stamps the wall
+clock between stage 1, stage 2 and the teacher logits); the rest is timed
+from here:
+
+  client stage 1 / stage 2 / teacher  in-worker, summed over clients
+  clients in the workers              first client start -> last client end
+  TFF overhead                        clients' step wall time minus the above:
+                                      serialising states and datasets,
+                                      dispatch, results back
+  aggregation                         server's step minus the distillation
+  distillation                        the server update alone, timed apart
+  evaluation                          every client's validation + test pass
+
+The first round traces and compiles and is not counted. FLOP/s: forward
+FLOPs per example of each network's convolutions and dense layers
+(`layer_flops`), a trained network counted as 3x its forward pass (forward,
+gradient of the input, gradient of the weights) -- an estimate of the useful
+arithmetic; the machine's peak is cores x clock x FLOPs
+per cycle (AVX-512: two FMA units x 16 float32 lanes x 2 = 64; AVX2: 32),
+read from /proc/cpuinfo.
+"""
+
+import json
+import os
+import time
+
+import numpy as np
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from fedcg_tff import runtime
+
+flags.DEFINE_integer('clients', 4, 'Number of FMNIST clients.')
+flags.DEFINE_integer('train_per_client', 2000, 'Training images per client.')
+flags.DEFINE_integer('batch_size', 8, 'Batch size.')
+flags.DEFINE_integer('local_epochs', 1, 'Stage-1 epochs per round.')
+flags.DEFINE_integer('gan_epochs', 1, 'Stage-2 epochs per round.')
+flags.DEFINE_integer('server_steps', 100, 'Distillation steps per round.')
+flags.DEFINE_integer('rounds', 2, 'Timed rounds (after one warm-up round).')
+flags.DEFINE_integer('workers', 1, 'Local TFF worker processes for the '
+                     'clients\' step.')
+flags.DEFINE_list('worker_addresses', [], 'host:port of running workers '
+                  '(binaries/run_worker.py) instead of local ones.')
+flags.DEFINE_integer('max_concurrent_clients', None,
+                     'Client computations a worker runs at once (default: '
+                     'its share of the CPU cores; non-positive: all).')
+flags.DEFINE_string('data_dir', None, 'FMNIST IDX directory (default: '
+                    'Debian\'s /usr/share/datasets/fashion-mnist).')
+flags.DEFINE_integer('seed', 1, 'Seed of the data split and the networks.')
+flags.DEFINE_string('json', None, 'Also write the figures to this file.')
+FLAGS = flags.FLAGS
+
+
+def peak_flops() -> tuple[float, str]:
+  """(float32 FLOP/s, how it was derived) of this machine's CPUs."""
+  with open('/proc/cpuinfo') as f:
+    info = f.read()
+  mhz = [float(line.split(':')[1]) for line in info.splitlines()
+         if line.startswith('cpu MHz')]
+  flags_line = next((line for line in info.splitlines()
+                     if line.startswith('flags')), '')
+  per_cycle = (64 if ' avx512f' in flags_line else
+               32 if ' fma' in flags_line else 8)
+  cores = len(mhz) or os.cpu_count()
+  clock = (sum(mhz) / len(mhz) if mhz else 0.0) * 1e6
+  return (cores * clock * per_cycle,
+          f'{cores} cores x {clock / 1e9:.2f} GHz x {per_cycle} FLOP/cycle')
+
+
+def layer_flops(model) -> float:
+  """Forward FLOPs per example of `model`'s convolutions and dense layers
+  (2 per multiply-add; activations, normalisation and the spectral norm's
+  per-call power iteration are left out: they are a few percent here).
+  A transposed convolution costs its input positions times its kernel, not
+  its zero-padded output positions."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  total = 0.0
+  for layer in model.layers:
+    if isinstance(layer, tf.keras.layers.Conv2DTranspose):
+      positions = np.prod(layer.input_shape[1:3])
+    elif isinstance(layer, tf.keras.layers.Conv2D):
+      positions = np.prod(layer.output_shape[1:3])
+    elif isinstance(layer, tf.keras.layers.Dense):
+      positions = np.prod(layer.output_shape[1:-1] or [1])
+    else:
+      continue
+    kernel = layer.kernel.shape
+    total += 2.0 * positions * np.prod(kernel)
+  return float(total)
+
+
+def forward_flops(config) -> dict[str, float]:
+  """Forward FLOPs per example of each network (see `layer_flops`)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import models  # pylint: disable=g-import-not-at-top
+  # In a graph of their own, as inside TFF's computations (building them
+  # eagerly after TFF is imported fails in Keras' functional API).
+  with tf.Graph().as_default():
+    return _forward_flops(models, config)
+
+
+def _forward_flops(models, config):
+  return {
+      'extractor': layer_flops(models.build_extractor(
+          config.model, config.image_channels)),
+      'classifier': layer_flops(models.build_classifier(
+          config.model, config.num_classes)),
+      'generator': layer_flops(models.build_generator(
+          config.model, config.num_classes, config.noise_dim)),
+      'discriminator': layer_flops(models.build_discriminator(
+          config.model, config.num_classes)),
+  }
+
+
+def training_flops(config, flops: dict[str, float], examples: int):
+  """Estimated FLOPs of stage 1 and stage 2 for `examples` images per epoch.
+
+  Stage 1 trains E and C (3x forward) and runs G forward for L_dist. Stage 2
+  runs E forward; D forward on real and on fake and backward through both
+  (3x each); for G's loss, G trained (3x), D forward again and its input
+  gradient (2x).
+  """
+  e, c, g, d = (flops[k] for k in ('extractor', 'classifier', 'generator',
+                                   'discriminator'))
+  stage1 = config.local_epochs * examples * (3 * (e + c) + g)
+  stage2 = config.gan_epochs * examples * (e + 6 * d + 3 * g + 2 * d)
+  return stage1, stage2
+
+
+def peak_rss_bytes(pid: int) -> int:
+  """VmHWM: the peak resident set of a live process."""
+  try:
+    with open(f'/proc/{pid}/status') as f:
+      for line in f:
+        if line.startswith('VmHWM:'):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return 0
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  for name in ('clients', 'train_per_client', 'batch_size', 'local_epochs',
+               'gan_epochs', 'server_steps', 'rounds', 'workers'):
+    if FLAGS[name].value < 1:
+      raise app.UsageError(f'--{name} must be >= 1, got {FLAGS[name].value}')
+
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import fedcg_tff  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import process_tff  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import workers  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
+  from tasks import fmnist  # pylint: disable=g-import-not-at-top
+  from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
+
+  runtime.set_local_cpp_context(FLAGS.max_concurrent_clients)
+  config = FedCGConfig(batch_size=FLAGS.batch_size,
+                       local_epochs=FLAGS.local_epochs,
+                       gan_epochs=FLAGS.gan_epochs, server_epochs=1,
+                       server_steps_per_epoch=FLAGS.server_steps,
+                       seed=FLAGS.seed).validate()
+  # Before any TFF tracing: Keras models built afterwards in this process
+  # would be built inside TFF's graph-mode state.
+  flops = forward_flops(config)
+  options = dict(num_clients=FLAGS.clients,
+                 train_per_client=FLAGS.train_per_client, seed=FLAGS.seed,
+                 image_size=config.image_size)
+  if FLAGS.data_dir:
+    options['data_dir'] = FLAGS.data_dir
+  try:
+    task = fmnist.build(TaskOptions(**options))
+  except (FileNotFoundError, ValueError) as e:
+    raise app.UsageError(f'--data_dir / --clients / --train_per_client: {e}')
+  if FLAGS.worker_addresses:
+    try:
+      pool = workers.Workers.remote(FLAGS.worker_addresses)
+    except ConnectionError as e:
+      raise app.UsageError(f'--worker_addresses: {e}') from None
+  elif FLAGS.workers > 1:
+    pool = workers.Workers.local(FLAGS.workers, FLAGS.max_concurrent_clients)
+  else:
+    pool = workers.Workers([tff.framework.get_context_stack().current])
+
+  print(f'FedCG on FMNIST: {FLAGS.clients} clients x '
+        f'{FLAGS.train_per_client} images, batch {FLAGS.batch_size}, '
+        f'{FLAGS.local_epochs} + {FLAGS.gan_epochs} epochs, '
+        f'{FLAGS.server_steps} distillation steps, {len(pool)} worker(s)',
+        flush=True)
+  process = fedcg_tff.build_fedcg_process(config, timed=True)
+  comps = fedcg_tff.FedCGComputations(config, tff.aggregators.MeanFactory())
+  init_clients = process_tff.build_client_state_initializer(
+      fedcg_tff.init_client_computation(config))
+  evaluate = process_tff.build_evaluation(
+      config, fedcg_tff.init_client_computation(config).type_signature.result)
+  server_state = process.initialize()
+  states = list(init_clients(process_tff.client_seeds(config, FLAGS.clients)))
+  val, test = task.val_datasets(), task.test_datasets()
+
+  rows = []
+  for round_num in range(FLAGS.rounds + 1):
+    data = list(task.train_datasets(round_num, config.batch_size))
+    start = time.time()
+    outputs = pool.map_clients(process.parts.clients_step, (server_state,),
+                               (states, data))
+    clients_done = time.time()
+    uploads = [o.upload for o in outputs]
+    weights = [o.weight for o in outputs]
+    new_server_state, _, _ = process.parts.server_step(server_state, uploads,
+                                                       weights)
+    server_done = time.time()
+    states = [o.state for o in outputs]
+    evaluate(states, val, test)
+    eval_done = time.time()
+    # The distillation alone, on the same inputs as the server's step.
+    averaged = _weighted_mean(uploads, weights)
+    zy = comps.distill_inputs(server_state.round_num)
+    distill_start = time.time()
+    comps.server_update(server_state, server_state.aggregator_state,
+                        averaged, zy)
+    distill_seconds = time.time() - distill_start
+    server_state = new_server_state
+
+    stamps = np.asarray([o.times for o in outputs], np.float64)
+    phases = np.diff(stamps, axis=1).sum(axis=0)
+    in_workers = stamps[:, -1].max() - stamps[:, 0].min()
+    row = {
+        'round': round_num,
+        'client_stage1_s': float(phases[0]),
+        'client_stage2_s': float(phases[1]),
+        'client_teacher_s': float(phases[2]),
+        'clients_in_workers_s': float(in_workers),
+        'tff_overhead_s': float(clients_done - start - in_workers),
+        'aggregation_s': float(server_done - clients_done - distill_seconds),
+        'distillation_s': float(distill_seconds),
+        'round_s': float(server_done - start),
+        'evaluation_s': float(eval_done - server_done),
+    }
+    label = 'warm-up (tracing)' if round_num == 0 else 'timed'
+    print(f'round {round_num} [{label}]: {row["round_s"]:.1f}s '
+          f'(+ evaluation {row["evaluation_s"]:.1f}s)', flush=True)
+    if round_num:
+      rows.append(row)
+
+  mean = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]
+          if k != 'round'}
+  stage1, stage2 = training_flops(config, flops, FLAGS.train_per_client)
+  train_flops = FLAGS.clients * (stage1 + stage2)
+  train_seconds = mean['client_stage1_s'] + mean['client_stage2_s']
+  peak, peak_how = peak_flops()
+  achieved = train_flops / mean['clients_in_workers_s']
+  memory = {'driver': peak_rss_bytes(os.getpid()),
+            'workers': [peak_rss_bytes(p.pid)
+                        for p in runtime.worker_processes()]}
+  result = {
+      'flags': {name: FLAGS[name].value for name in (
+          'clients', 'train_per_client', 'batch_size', 'local_epochs',
+          'gan_epochs', 'server_steps', 'rounds', 'workers',
+          'max_concurrent_clients',
+          'worker_addresses', 'seed')},
+      'mean_seconds': mean,
+      'rounds': rows,
+      'forward_flops_per_example': flops,
+      'training_flops_per_round': train_flops,
+      'achieved_training_flops_per_s': achieved,
+      'peak_flops_per_s': peak,
+      'peak_flops_derivation': peak_how,
+      'peak_rss_bytes': memory,
+  }
+
+  print(f'\nmean of {len(rows)} timed round(s):')
+  labels = [
+      ('client_stage1_s', 'client stage 1 (sum over clients)'),
+      ('client_stage2_s', 'client stage 2 (sum over clients)'),
+      ('client_teacher_s', 'teacher logits (sum over clients)'),
+      ('clients_in_workers_s', 'clients in the workers (wall)'),
+      ('tff_overhead_s', 'TFF overhead (serialise, dispatch)'),
+      ('aggregation_s', 'aggregation'),
+      ('distillation_s', 'distillation'),
+      ('round_s', 'round (clients\' + server\'s step)'),
+      ('evaluation_s', 'evaluation'),
+  ]
+  for key, text in labels:
+    print(f'  {text:40s} {mean[key]:7.2f} s')
+  print(f'  {"round + evaluation":40s} '
+        f'{mean["round_s"] + mean["evaluation_s"]:7.2f} s')
+  print(f'training FLOPs per round (estimate): {train_flops / 1e9:.1f} GFLOP;'
+        f' achieved {achieved / 1e9:.2f} GFLOP/s over the clients\' wall time'
+        f' ({train_flops / train_seconds / 1e9:.2f} GFLOP/s per busy client)'
+        f' = {100 * achieved / peak:.2f}% of peak {peak / 1e9:.0f} GFLOP/s '
+        f'({peak_how})')
+  print(f'peak RSS: driver {memory["driver"] / 2**20:.0f} MiB, workers '
+        + ', '.join(f'{m / 2**20:.0f} MiB' for m in memory['workers']))
+  if FLAGS.json:
+    with open(FLAGS.json, 'w') as f:
+      json.dump(result, f, indent=2)
+    print(f'wrote {FLAGS.json}')
+
+
+def _weighted_mean(uploads: list, weights: list):
+  """The weighted mean of the clients' uploads (what MeanFactory gives)."""
+  import tree  # pylint: disable=g-import-not-at-top
+  total = float(np.sum(weights))
+  return tree.map_structure(
+      lambda *values: np.sum([w * np.asarray(v) for w, v in
+                              zip(weights, values)], axis=0) / total,
+      *uploads)
+
+
+if __name__ == '__main__':
+  # TFF logs each retry while a new worker starts listening: not news here.
+  logging.set_verbosity(logging.WARNING)
+  app.run(main)

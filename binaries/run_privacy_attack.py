@@ -1,0 +1,412 @@
+r"""The paper's Table 2: DLG gradient inversion against each algorithm, with
+the accuracy of a training run of that algorithm.
+
+  .venv/bin/python -m binaries.run_privacy_attack --output_dir=runs/privacy \
+      --train_dir=runs/privacy_train \
+      --train_flags="--rounds=10 --local_epochs=1 --gan_epochs=1"
+
+For each algorithm of --algorithms (fedavg_dp once per --dp_sigma), an
+honest-but-curious server attacks client --client's round-1 gradient on each
+of --num_images of its training images (in batches of --attack_batch_size)
+under that algorithm's threat model (fedcg_tff/privacy_tf.py states each),
+with DLG (L-BFGS or Adam, --restarts per batch). It writes to --output_dir:
+
+  privacy.md / privacy.csv  per algorithm: training accuracy, PSNR and SSIM
+                            mean ± std over the images, labels recovered,
+                            and for DP rows the (epsilon, delta) of the
+                            attacked gradient alone and of the training run
+  privacy.json              every per-image figure and the settings
+  reconstructions.png       true image | each algorithm's reconstruction
+  tensorboard/              the same grid, every reconstruction, PSNR means
+
+Accuracy comes from `run_fedcg` runs: --results=name=path/results.json,...
+names finished runs (names are the rows': fedavg, fedavg_dp0.1, fedsplit,
+fedcg, ...); with --train_dir, each row without a result is trained there by
+`run_fedcg` (one process at a time, resumable: rerunning continues), with
+--train_flags, this binary's --seed, --task, --data_dir, --data_source,
+--num_clients, --train_per_client and, for DP rows, --dp_sigma / --dp_clip / --dp_delta. Without either, the
+accuracy column is empty.
+"""
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+# TensorFlow itself must be imported before `app.run`: imported inside it,
+# Keras (2.14) builds functional models from graph tensors and fails
+# ("'SymbolicTensor' object has no attribute 'node'").
+import tensorflow as tf
+
+from fedcg_tff import runtime  # pylint: disable=unused-import  # Before TFF loads: clean exit.
+from fedcg_tff.names import PRIVACY_ALGORITHMS, TASKS
+
+flags.DEFINE_list('algorithms', ['fedavg', 'fedavg_dp', 'fedsplit', 'fedcg'],
+                  f'Threat models to attack, of {PRIVACY_ALGORITHMS}; '
+                  'fedavg_dp gives one row per --dp_sigma.')
+flags.DEFINE_list('dp_sigma', ['0.001', '0.1'],
+                  'Noise stds of the fedavg_dp rows (the paper\'s 0.001 and '
+                  '0.1).')
+flags.DEFINE_float('dp_clip', 10.0,
+                   'L2 norm the DP rows clip the shared gradient (and, in '
+                   'training, each update) to before the noise. The default '
+                   'is above the gradient norms of round 1 (about 5 on '
+                   'FMNIST), so it does not bind there; epsilon is computed '
+                   'for dp_sigma / dp_clip.')
+flags.DEFINE_float('dp_delta', 1e-5, 'Delta of the reported epsilons.')
+flags.DEFINE_integer('num_images', 8, 'Training images of the client to '
+                     'attack (a seeded draw).')
+flags.DEFINE_integer('attack_batch_size', 1,
+                     'Images behind one shared gradient.')
+flags.DEFINE_integer('iterations', 300, 'Optimiser iterations per restart.')
+flags.DEFINE_integer('restarts', 1, 'Random restarts per batch; the one '
+                     'with the lowest gradient-matching loss is kept.')
+flags.DEFINE_enum('attack_optimizer', 'lbfgs', ['lbfgs', 'adam'],
+                  'L-BFGS (the original attack) or Adam.')
+flags.DEFINE_float('adam_lr', 0.1, 'Learning rate of --attack_optimizer=adam.')
+flags.DEFINE_enum('labels', 'auto', ['auto', 'infer', 'optimize'],
+                  'Labels: inferred from the output-bias gradient (iDLG, '
+                  'batch 1), optimised jointly (DLG), or auto (infer at '
+                  'batch 1, else optimise).')
+flags.DEFINE_enum('task', 'fmnist', list(TASKS), 'Data set (LeNet-5, 32x32).')
+flags.DEFINE_string('data_dir', None, 'As run_fedcg\'s --data_dir.')
+flags.DEFINE_enum('data_source', None, ['idx', 'tfds', 'folder'],
+                  'As run_fedcg\'s --data_source.')
+flags.DEFINE_integer('num_clients', None, 'As run_fedcg\'s --num_clients.')
+flags.DEFINE_integer('train_per_client', 2000,
+                     'As run_fedcg\'s --train_per_client.')
+flags.DEFINE_integer('client', 0, 'Index of the attacked client.')
+flags.DEFINE_integer('seed', 1, 'The runs\' seed: data split, initial '
+                     'networks, client seeds (as run_fedcg\'s --seed); also '
+                     'seeds the images drawn, the DP noise and the attack.')
+flags.DEFINE_list('results', [], 'name=path/results.json of finished '
+                  'run_fedcg runs, for the accuracy column.')
+flags.DEFINE_string('train_dir', None, 'Train each row without --results '
+                    'here, one run_fedcg run per row (<train_dir>/<name>).')
+flags.DEFINE_string('train_flags', '', 'Further run_fedcg flags for '
+                    '--train_dir runs, e.g. "--rounds=10 --local_epochs=1".')
+flags.DEFINE_string('output_dir', None, 'Directory of the report.')
+flags.mark_flag_as_required('output_dir')
+FLAGS = flags.FLAGS
+
+# run_fedcg flags this binary sets itself for --train_dir runs.
+_OWNED = ('algorithm', 'output_dir', 'seed', 'task', 'data_dir',
+          'data_source', 'num_clients', 'train_per_client', 'dp_sigma',
+          'dp_clip', 'dp_delta')
+
+
+def _positive(name):
+  if FLAGS[name].value < 1:
+    raise app.UsageError(f'--{name} must be >= 1, got {FLAGS[name].value}')
+
+
+def rows() -> list[tuple[str, str, float]]:
+  """(row name, threat model, dp sigma) per report row, in flag order."""
+  out = []
+  for algorithm in FLAGS.algorithms:
+    if algorithm == 'fedavg_dp':
+      out += [(f'fedavg_dp{s:g}', algorithm, s) for s in _sigmas()]
+    else:
+      out.append((algorithm, algorithm, 0.0))
+  return out
+
+
+def _sigmas() -> list[float]:
+  try:
+    sigmas = [float(s) for s in FLAGS.dp_sigma]
+  except ValueError:
+    raise app.UsageError(f'--dp_sigma must be numbers, got {FLAGS.dp_sigma}'
+                         ) from None
+  for s in sigmas:
+    if not (math.isfinite(s) and s > 0):
+      raise app.UsageError(f'--dp_sigma values must be finite and > 0, '
+                           f'got {s}')
+  if not sigmas or len(set(sigmas)) != len(sigmas):
+    raise app.UsageError(f'--dp_sigma must be distinct values, got '
+                         f'{FLAGS.dp_sigma}')
+  return sigmas
+
+
+def _check_flags() -> dict[str, str]:
+  """Validates the flags; returns --results as {row name: path}."""
+  bad = [a for a in FLAGS.algorithms if a not in PRIVACY_ALGORITHMS]
+  if bad or not FLAGS.algorithms or len(set(FLAGS.algorithms)) != len(
+      FLAGS.algorithms):
+    raise app.UsageError(f'--algorithms: {bad or FLAGS.algorithms} must be '
+                         f'distinct names of {PRIVACY_ALGORITHMS}')
+  for name in ('num_images', 'attack_batch_size', 'iterations', 'restarts',
+               'train_per_client'):
+    _positive(name)
+  if FLAGS.num_clients is not None:
+    _positive('num_clients')
+  if FLAGS.num_images % FLAGS.attack_batch_size:
+    raise app.UsageError(
+        f'--num_images={FLAGS.num_images} must be a multiple of '
+        f'--attack_batch_size={FLAGS.attack_batch_size}')
+  if FLAGS.labels == 'infer' and FLAGS.attack_batch_size != 1:
+    raise app.UsageError('--labels=infer needs --attack_batch_size=1 (use '
+                         '--labels=optimize or auto)')
+  if not (math.isfinite(FLAGS.dp_clip) and FLAGS.dp_clip > 0):
+    raise app.UsageError(f'--dp_clip must be finite and > 0, got '
+                         f'{FLAGS.dp_clip}')
+  if not 0 < FLAGS.dp_delta < 1:
+    raise app.UsageError(f'--dp_delta must be in (0, 1), got {FLAGS.dp_delta}')
+  if not (math.isfinite(FLAGS.adam_lr) and FLAGS.adam_lr > 0):
+    raise app.UsageError(f'--adam_lr must be finite and > 0, got '
+                         f'{FLAGS.adam_lr}')
+  if FLAGS.client < 0:
+    raise app.UsageError(f'--client must be >= 0, got {FLAGS.client}')
+  if not 0 <= FLAGS.seed <= 2**31 - 1:
+    raise app.UsageError(f'--seed must be in [0, 2^31 - 1], got {FLAGS.seed}')
+  names = [name for name, _, _ in rows()]
+  results = {}
+  for item in FLAGS.results:
+    name, sep, path = item.partition('=')
+    if not sep or name not in names:
+      raise app.UsageError(f'--results: {item!r} must be name=path with name '
+                           f'one of the rows {names}')
+    if not os.path.isfile(path):
+      raise app.UsageError(f'--results: {path!r} ({name}) is not a file')
+    results[name] = path
+  extra = shlex.split(FLAGS.train_flags)
+  if extra and not FLAGS.train_dir:
+    raise app.UsageError('--train_flags is only used with --train_dir')
+  for flag in extra:
+    name = flag.lstrip('-').split('=')[0]
+    if name in _OWNED:
+      raise app.UsageError(f'--train_flags must not set --{name}: this '
+                           'binary sets it for each training run')
+  return results
+
+
+def train(names_to_train: list[tuple[str, str, float]]) -> dict[str, str]:
+  """Runs run_fedcg for each row into <train_dir>/<name>; returns the
+  results.json of each finished run."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      p for p in (root, os.environ.get('PYTHONPATH')) if p))
+  found = {}
+  for n, (name, threat, sigma) in enumerate(names_to_train, 1):
+    directory = os.path.join(os.path.abspath(FLAGS.train_dir), name)
+    algorithm = 'fedavg' if threat == 'fedavg_dp' else threat
+    command = [sys.executable, '-m', 'binaries.run_fedcg',
+               f'--algorithm={algorithm}', f'--seed={FLAGS.seed}',
+               f'--task={FLAGS.task}', f'--output_dir={directory}']
+    for flag in ('data_dir', 'data_source', 'num_clients',
+                 'train_per_client'):
+      if FLAGS[flag].value is not None:
+        command.append(f'--{flag}={FLAGS[flag].value}')
+    if sigma:
+      command += [f'--dp_sigma={sigma!r}', f'--dp_clip={FLAGS.dp_clip!r}',
+                  f'--dp_delta={FLAGS.dp_delta!r}']
+    command += shlex.split(FLAGS.train_flags)
+    print(f'[train {n}/{len(names_to_train)}] {name}: '
+          f'{shlex.join(command[1:])}', flush=True)
+    code = subprocess.call(command, env=env)
+    if code:
+      raise SystemExit(f'training run {name} failed with exit code {code} '
+                       f'({directory}); rerun to resume it')
+    found[name] = os.path.join(directory, 'results.json')
+  return found
+
+
+def accuracy_of(name: str, threat: str, sigma: float, path: str) -> dict:
+  """The training figures of a row from its run's results.json; refuses a
+  run of another algorithm or noise than the row's."""
+  with open(path) as f:
+    result = json.load(f)
+  algorithm = 'fedavg' if threat == 'fedavg_dp' else threat
+  if result.get('algorithm') != algorithm:
+    raise app.UsageError(f'--results: {path} is a run of '
+                         f'{result.get("algorithm")!r}, not {algorithm!r} '
+                         f'(row {name})')
+  run_sigma = result.get('dp', {}).get('dp_sigma', 0.0)
+  if not math.isclose(run_sigma, sigma):
+    raise app.UsageError(f'--results: {path} was trained with dp_sigma '
+                         f'{run_sigma}, row {name} needs {sigma}')
+  return {'accuracy': float(result['mean_test_accuracy_at_best_val']),
+          'rounds': int(result['rounds_run']),
+          'epsilon_training': result.get('dp', {}).get('epsilon'),
+          'dp_training': result.get('dp')}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  results = _check_flags()
+  table_rows = rows()
+  if os.path.exists(FLAGS.output_dir) and not os.path.isdir(FLAGS.output_dir):
+    raise app.UsageError(f'--output_dir {FLAGS.output_dir!r} is a file')
+  started = time.monotonic()
+  if FLAGS.train_dir:
+    results.update(train([r for r in table_rows if r[0] not in results]))
+  training = {name: accuracy_of(name, threat, sigma, results[name])
+              for name, threat, sigma in table_rows if name in results}
+
+  # The project's TF modules load here: bad flags and failed training stop
+  # before.
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import dp  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import privacy_tf  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import process_tff  # pylint: disable=g-import-not-at-top
+  from fedcg_tff import report  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
+  from tasks import image_task  # pylint: disable=g-import-not-at-top
+  from tasks import registry  # pylint: disable=g-import-not-at-top
+  from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
+
+  try:
+    task = registry.build(FLAGS.task, TaskOptions(
+        num_clients=FLAGS.num_clients,
+        train_per_client=FLAGS.train_per_client, seed=FLAGS.seed,
+        data_dir=FLAGS.data_dir, data_source=FLAGS.data_source))
+  except (FileNotFoundError, ValueError) as e:
+    raise app.UsageError(f'--task={FLAGS.task} (--data_dir / --data_source):'
+                         f' {e}') from None
+  if FLAGS.client >= task.num_clients:
+    raise app.UsageError(f'--client={FLAGS.client}: the task has '
+                         f'{task.num_clients} clients')
+  train_images, train_labels = task.clients[FLAGS.client].train
+  if FLAGS.num_images > len(train_labels):
+    raise app.UsageError(f'--num_images={FLAGS.num_images} is more than '
+                         f'client {FLAGS.client}\'s {len(train_labels)} '
+                         'training images')
+  config = FedCGConfig(seed=FLAGS.seed, num_classes=task.num_classes,
+                       image_channels=task.channels).validate()
+  chosen = np.random.default_rng(FLAGS.seed).permutation(
+      len(train_labels))[:FLAGS.num_images]
+  images = image_task.prepare_images(train_images[chosen], config.image_size,
+                                     task.mean, task.std)
+  labels = train_labels[chosen].astype(np.int32)
+  truth = privacy_tf.to_unit_range(images, task.mean, task.std)
+  client_seed = process_tff.client_seeds(config, task.num_clients)[
+      FLAGS.client]
+  value_range = privacy_tf.input_range(task.mean, task.std)
+  options = privacy_tf.AttackOptions(
+      iterations=FLAGS.iterations, restarts=FLAGS.restarts,
+      optimizer=FLAGS.attack_optimizer, adam_lr=FLAGS.adam_lr,
+      labels=FLAGS.labels, seed=FLAGS.seed).validate()
+  bs = FLAGS.attack_batch_size
+  print(f'{task.name}: attacking client {FLAGS.client} '
+        f'({task.client_names[FLAGS.client]}), {FLAGS.num_images} training '
+        f'images in batches of {bs}; DLG {FLAGS.attack_optimizer}, '
+        f'{FLAGS.iterations} iterations x {FLAGS.restarts} restart(s)',
+        flush=True)
+
+  table, recon01, per_image, threats = [], {}, {}, {}
+  for name, threat_name, sigma in table_rows:
+    threat = privacy_tf.threat_model(threat_name, sigma, FLAGS.dp_clip)
+    threats[name] = threat
+    print(f'{name}: the server sees {threat.statement}', flush=True)
+    client = privacy_tf.round_one_networks(config, threat, client_seed)
+    out_images = np.zeros_like(images)
+    out_labels = np.zeros_like(labels)
+    losses, row_started = [], time.monotonic()
+    for b in range(0, FLAGS.num_images, bs):
+      # The DP noise of batch b, the same draw whatever rows run before.
+      tf.random.set_seed(FLAGS.seed * 100_003 + b)
+      observation = privacy_tf.observe(config, threat, client,
+                                       images[b:b + bs], labels[b:b + bs])
+      result = privacy_tf.dlg_attack(config, observation, options,
+                                     value_range)
+      recovered = privacy_tf.to_unit_range(result.images, task.mean,
+                                           task.std)
+      order = privacy_tf.match_order(truth[b:b + bs], recovered)
+      out_images[b:b + bs] = result.images[order]
+      out_labels[b:b + bs] = result.labels[order]
+      losses.append(result.matching_loss)
+      psnr = privacy_tf.psnr(truth[b:b + bs],
+                             privacy_tf.to_unit_range(
+                                 out_images[b:b + bs], task.mean, task.std))
+      print(f'  [{name} {b + bs}/{FLAGS.num_images}] PSNR '
+            + ', '.join(f'{v:.2f}' for v in psnr) + ' dB, labels '
+            f'{out_labels[b:b + bs].tolist()} (true '
+            f'{labels[b:b + bs].tolist()}), matching loss '
+            f'{result.matching_loss:.3g}, {result.seconds:.1f}s', flush=True)
+    recon01[name] = privacy_tf.to_unit_range(out_images, task.mean, task.std)
+    psnr = privacy_tf.psnr(truth, recon01[name])
+    ssim = privacy_tf.ssim(truth, recon01[name])
+    trained = training.get(name, {})
+    row = report.PrivacyRow(
+        name=name, label=threat.label, psnr=tuple(psnr), ssim=tuple(ssim),
+        labels_recovered=tuple(bool(v) for v in out_labels == labels),
+        accuracy=trained.get('accuracy'),
+        accuracy_rounds=trained.get('rounds'),
+        epsilon_gradient=(dp.epsilon(sigma, FLAGS.dp_clip, 1, FLAGS.dp_delta)
+                          if sigma else None),
+        epsilon_training=trained.get('epsilon_training'),
+        seconds=time.monotonic() - row_started)
+    table.append(row)
+    per_image[name] = {'psnr': psnr.tolist(), 'ssim': ssim.tolist(),
+                       'labels': out_labels.tolist(),
+                       'matching_loss': losses}
+    print(f'{name}: PSNR {np.mean(psnr):.2f} ± {np.std(psnr):.2f} dB, SSIM '
+          f'{np.mean(ssim):.3f}, labels {int(np.sum(out_labels == labels))}/'
+          f'{len(labels)}, {row.seconds:.0f}s', flush=True)
+
+  os.makedirs(FLAGS.output_dir, exist_ok=True)
+  # What reconstructions that know nothing score, for scale: a constant
+  # black and a constant mid-grey image against the attacked images.
+  references = {name: privacy_tf.psnr(truth, np.full_like(truth, value))
+                for name, value in (('black', 0.0), ('grey', 0.5))}
+  markdown = report.privacy_markdown(table, FLAGS.dp_delta) + (
+      '\nFor scale, constant images score: ' + '; '.join(
+          f'{name} {np.mean(v):.2f} ± {np.std(v):.2f} dB'
+          for name, v in references.items()) + '.\n')
+  settings = {name: FLAGS[name].value for name in (
+      'algorithms', 'dp_sigma', 'dp_clip', 'dp_delta', 'num_images',
+      'attack_batch_size', 'iterations', 'restarts', 'attack_optimizer',
+      'adam_lr', 'labels', 'task', 'num_clients', 'train_per_client',
+      'client', 'seed')}
+  summary = {
+      'settings': settings,
+      'images': {'train_indices': chosen.tolist(), 'labels': labels.tolist()},
+      'threat_models': {n: t.statement for n, t in threats.items()},
+      'reference_psnr': {n: v.tolist() for n, v in references.items()},
+      'stand_in_extractor_seed': (config.seed +
+                                  privacy_tf.STAND_IN_SEED_OFFSET),
+      'training': {n: {'results': results[n], **training[n]}
+                   for n in training},
+      'rows': {row.name: {'label': row.label, **per_image[row.name],
+                          'epsilon_gradient': row.epsilon_gradient}
+               for row in table},
+  }
+  for filename, text in (('privacy.md', markdown),
+                         ('privacy.csv', report.privacy_csv(table)),
+                         ('privacy.json', json.dumps(summary, indent=1))):
+    path = os.path.join(FLAGS.output_dir, filename)
+    with open(f'{path}.tmp', 'w') as f:
+      f.write(text)
+    os.replace(f'{path}.tmp', path)
+  psnrs = {row.name: row.psnr for row in table}
+  grid_path = os.path.join(FLAGS.output_dir, 'reconstructions.png')
+  pixels = report.reconstruction_grid(truth, recon01, psnrs, grid_path)
+  writer = tf.summary.create_file_writer(
+      os.path.join(FLAGS.output_dir, 'tensorboard'))
+  with writer.as_default():
+    tf.summary.image('reconstructions/grid', pixels[None], step=0)
+    tf.summary.image('reconstructions/true', truth, step=0,
+                     max_outputs=len(truth))
+    for row in table:
+      tf.summary.image(f'reconstructions/{row.name}', recon01[row.name],
+                       step=0, max_outputs=len(truth))
+      tf.summary.scalar(f'psnr/{row.name}', float(np.mean(row.psnr)), step=0)
+      tf.summary.scalar(f'ssim/{row.name}', float(np.mean(row.ssim)), step=0)
+  writer.flush()
+  print(f'\nDLG on {FLAGS.num_images} images of client {FLAGS.client}, '
+        f'mean ± std over images ({time.monotonic() - started:.0f}s):\n'
+        + markdown)
+  print(f'report: {os.path.join(FLAGS.output_dir, "privacy.md")}; grid: '
+        f'{grid_path}; TensorBoard: tensorboard --logdir '
+        f'{os.path.join(FLAGS.output_dir, "tensorboard")}')
+
+
+if __name__ == '__main__':
+  logging.set_verbosity(logging.WARNING)
+  app.run(main)

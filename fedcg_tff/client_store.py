@@ -1,0 +1,206 @@
+"""Where the driver keeps client states between rounds, and which clients
+take part in a round.
+
+With every client in every round (the paper's 4-client setting) the states
+simply stay in memory (`MemoryClientStore`). At cross-device scale (many
+clients, `clients_per_round` of them sampled each round) holding every
+client's state in RAM does not scale: FedCG's client state (E_i, C_i, D_i and
+three Adam states) is megabytes, so `DiskClientStore` keeps one file per
+client and holds none in memory; the driver loads the few states a round or
+an evaluation chunk needs and writes the sampled clients' new states back.
+
+On-disk states must stay consistent with the round checkpoints
+(`checkpoint.Checkpoints`, which then hold the server state and the loop's
+bookkeeping but no client state): a crash after some client files of round r
+were written but before the round-r checkpoint was saved must resume from
+round r - 1 exactly. So files are versioned by the number of completed
+rounds they belong to (`client_00042.r000007.npz`: client 42's state after
+round 7), each client keeps its newest file and the one before it (at most
+one round, the one in flight, is ever uncommitted), and `discard_after(k)`
+deletes every file newer than k completed rounds, exposing the older one.
+"""
+
+import dataclasses
+import os
+import re
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from fedcg_tff import checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSampling:
+  """How a driver picks and stores clients.
+
+  `clients_per_round`: clients sampled each round (None: every client, in
+  order, as in the paper). `states_dir`: keep client states there, one file
+  per client (None: in memory).
+  """
+  clients_per_round: int | None = None
+  states_dir: str | None = None
+
+
+def sample_clients(seed: int, round_num: int, num_clients: int,
+                   clients_per_round: int) -> list[int]:
+  """The clients of 0-based round `round_num`, sorted.
+
+  A pure function of (run seed, round), so a resumed run samples the same
+  clients as an uninterrupted one; with every client taking part it is all
+  of them in order, exactly the driver's behaviour without sampling.
+  """
+  if not 1 <= clients_per_round <= num_clients:
+    raise ValueError(f'clients_per_round must be in [1, {num_clients}] '
+                     f'(the number of clients), got {clients_per_round}')
+  if clients_per_round == num_clients:
+    return list(range(num_clients))
+  rng = np.random.default_rng([seed, round_num])
+  return sorted(int(i) for i in rng.choice(num_clients, clients_per_round,
+                                           replace=False))
+
+
+class MemoryClientStore:
+  """Every client's state in a list (the behaviour without sampling)."""
+
+  def __init__(self, states: Sequence[Any]):
+    self._states = list(states)
+
+  @property
+  def num_clients(self) -> int:
+    return len(self._states)
+
+  def load(self, ids: Sequence[int]) -> list[Any]:
+    return [self._states[i] for i in ids]
+
+  def save(self, rounds_done: int, ids: Sequence[int],
+           states: Sequence[Any]) -> None:
+    del rounds_done  # Checkpoints hold these states: nothing to version.
+    for i, state in zip(ids, states, strict=True):
+      self._states[i] = state
+
+  def discard_after(self, rounds_done: int) -> None:
+    del rounds_done  # `restore_all` replaces the states instead.
+
+  def all_states(self) -> list[Any]:
+    return list(self._states)
+
+  def restore_all(self, states: Sequence[Any]) -> None:
+    if len(states) != len(self._states):
+      raise ValueError(f'restoring {len(states)} client states into a store '
+                       f'of {len(self._states)} clients')
+    self._states = list(states)
+
+
+_FILE = re.compile(r'^client_(\d+)\.r(\d+)\.npz$')
+
+
+class DiskClientStore:
+  """One file per client version in `directory`; no state held in memory.
+
+  A client with no file yet has its initial state, drawn by `initialize`
+  (client ids -> their initial states, seeded per client, so drawing it
+  again gives the same state) when it is first needed. `template` is a state
+  of the right structure (any client's initial state): files hold the
+  leaves packed per dtype (`checkpoint.pack`) and are unpacked against it.
+
+  Only an index of which versions exist (a few integers per client) is kept
+  in memory; `max_loaded` records the most states one `load` returned, for
+  callers and tests to check the memory bound.
+  """
+
+  KEEP = 2  # Newest version + the one before (see the module docstring).
+
+  def __init__(self, directory: str, num_clients: int,
+               initialize: Callable[[list[int]], list[Any]], template: Any):
+    self.directory = directory
+    self.num_clients = num_clients
+    self._initialize = initialize
+    self._template = template
+    self.max_loaded = 0
+    os.makedirs(directory, exist_ok=True)
+    self._versions: dict[int, list[int]] = {}
+    for name in os.listdir(directory):
+      match = _FILE.match(name)
+      if match is None:
+        if name.endswith('.tmp'):  # A write that a crash interrupted.
+          os.remove(os.path.join(directory, name))
+        continue
+      client, version = int(match.group(1)), int(match.group(2))
+      if client >= num_clients:
+        raise ValueError(
+            f'{directory} holds a state of client {client}, but the run has '
+            f'{num_clients} clients: was it written by another run?')
+      self._versions.setdefault(client, []).append(version)
+    for versions in self._versions.values():
+      versions.sort()
+
+  def path(self, client: int, rounds_done: int) -> str:
+    return os.path.join(self.directory,
+                        f'client_{client:05d}.r{rounds_done:06d}.npz')
+
+  def versions(self, client: int) -> list[int]:
+    """The completed-round counts of the client's stored states, oldest
+    first (empty: never trained, so its initial state)."""
+    return list(self._versions.get(client, []))
+
+  def load(self, ids: Sequence[int]) -> list[Any]:
+    """The newest stored state of each client (initial if it has none)."""
+    ids = list(ids)
+    for i in ids:
+      if not 0 <= i < self.num_clients:
+        raise IndexError(f'client {i} is not in [0, {self.num_clients})')
+    fresh = [i for i in ids if not self._versions.get(i)]
+    initial = dict(zip(fresh, self._initialize(fresh))) if fresh else {}
+    states = []
+    for i in ids:
+      if i in initial:
+        states.append(initial[i])
+        continue
+      with np.load(self.path(i, self._versions[i][-1])) as f:
+        packed = {dtype: f[dtype] for dtype in f.files}
+      states.append(checkpoint.unpack(packed, self._template))
+    self.max_loaded = max(self.max_loaded, len(states))
+    return states
+
+  def save(self, rounds_done: int, ids: Sequence[int],
+           states: Sequence[Any]) -> None:
+    """Writes each client's state as its version `rounds_done`.
+
+    Each file is written to a temporary name, flushed to disk and renamed,
+    and the directory is synced before returning: the files of a round are
+    durable before that round's checkpoint can be written, so a checkpoint
+    never refers to client states a power loss could take back. Versions
+    older than the newest `KEEP` are then deleted.
+    """
+    for i, state in zip(ids, states, strict=True):
+      path = self.path(i, rounds_done)
+      tmp = f'{path}.tmp'
+      with open(tmp, 'wb') as f:
+        np.savez(f, **checkpoint.pack(state))
+        f.flush()
+        os.fsync(f.fileno())
+      os.replace(tmp, path)
+      versions = self._versions.setdefault(i, [])
+      if rounds_done not in versions:
+        versions.append(rounds_done)
+        versions.sort()
+    self._sync_directory()
+    for i in ids:
+      versions = self._versions[i]
+      while len(versions) > self.KEEP:
+        os.remove(self.path(i, versions.pop(0)))
+
+  def discard_after(self, rounds_done: int) -> None:
+    """Deletes every state newer than `rounds_done` completed rounds: those
+    of a round whose checkpoint was never saved."""
+    for i, versions in self._versions.items():
+      while versions and versions[-1] > rounds_done:
+        os.remove(self.path(i, versions.pop()))
+
+  def _sync_directory(self) -> None:
+    fd = os.open(self.directory, os.O_RDONLY)
+    try:
+      os.fsync(fd)
+    finally:
+      os.close(fd)

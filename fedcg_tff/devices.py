@@ -1,0 +1,66 @@
+"""Where training runs: `--device=cpu` (default) or `--device=gpu`.
+
+With `gpu`, `configure` turns on memory growth for every GPU TensorFlow sees
+in this process (or splits each into `logical_per_gpu` logical devices of
+`memory_mb` each, so several clients can share one card), and `scope()` then
+places the training computations built afterwards on the first GPU
+(`/device:GPU:0`, soft placement leaves ops without a GPU kernel on the CPU).
+
+What a GPU user must provide: these computations are executed by TFF's C++
+worker, and the `worker_binary` in the pip `tensorflow-federated` package is
+built without CUDA, so a GPU placement only takes effect with a worker built
+from TFF's sources with CUDA support (`bazel build --config=cuda
+//tensorflow_federated/cc/simulation:worker_binary`) installed in its place,
+on a machine whose driver and CUDA/cuDNN match TensorFlow 2.14. Nothing here
+was run on a GPU: this machine and CI have none, and `configure('gpu')`
+refuses to start when TensorFlow sees no GPU rather than silently training
+on the CPU.
+"""
+
+import contextlib
+
+DEVICES = ('cpu', 'gpu')
+_training_device = None  # None: no placement (TensorFlow's default).
+
+
+def configure(device: str, logical_per_gpu: int = 1,
+              memory_mb: int | None = None) -> str | None:
+  """Prepares `device` for training; returns the device computations are
+  placed on (None for the CPU default). Raises ValueError naming the
+  problem when `device` is unknown or no GPU is visible."""
+  global _training_device
+  if device not in DEVICES:
+    raise ValueError(f'device must be one of {DEVICES}, got {device!r}')
+  if device == 'cpu':
+    _training_device = None
+    return None
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  gpus = tf.config.list_physical_devices('GPU')
+  if not gpus:
+    raise ValueError(
+        'TensorFlow sees no GPU in this process (a CUDA build of TensorFlow '
+        'and a driver are needed), and the pip TFF worker is CPU-only: see '
+        'fedcg_tff/devices.py for what a GPU run needs')
+  if logical_per_gpu < 1:
+    raise ValueError(f'logical_per_gpu must be >= 1, got {logical_per_gpu}')
+  for gpu in gpus:
+    if logical_per_gpu == 1:
+      tf.config.experimental.set_memory_growth(gpu, True)
+    else:
+      if not memory_mb:
+        raise ValueError('several logical devices per GPU need memory_mb '
+                         '(each one\'s memory limit)')
+      tf.config.set_logical_device_configuration(gpu, [
+          tf.config.LogicalDeviceConfiguration(memory_limit=memory_mb)
+          for _ in range(logical_per_gpu)])
+  tf.config.set_soft_device_placement(True)
+  _training_device = '/device:GPU:0'
+  return _training_device
+
+
+def scope():
+  """A `tf.device` scope for training ops (a no-op on the CPU default)."""
+  if _training_device is None:
+    return contextlib.nullcontext()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.device(_training_device)

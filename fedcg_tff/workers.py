@@ -1,0 +1,157 @@
+"""Clients of a round spread over several TFF C++ workers.
+
+TFF's own way to split a computation over workers, the mergeable-computation
+context, does not fit a round that returns CLIENTS-placed client states
+(ours all do): in TFF 0.87 it re-runs the clients' work after the merge to
+produce them, and it concatenates the parts of a CLIENTS-placed result in
+the order the workers *finish*, so client states come back permuted
+(`MergeableCompExecutionContext._run_in_async_context_pool`). So each
+algorithm's round is also built as two federated computations
+(`round_parts.RoundParts`): the clients' step, which needs nothing from other
+clients, and the server's step, which aggregates. `ShardedRound` runs the
+clients' step on contiguous shards of the clients, one shard per worker and
+all at once, puts the per-client outputs back in client order, and runs the
+server's step in the default context. `next` is defined as exactly that
+composition, so a sharded round gives bit-for-bit what `next` gives.
+
+Workers are TFF's C++ `worker_binary`: local ones are started (and, through
+`fedcg_tff.runtime`, stopped) by this process; remote ones are reached by
+address (`binaries/run_worker.py` starts one on another machine).
+"""
+
+import concurrent.futures
+from typing import Sequence
+
+import grpc
+import numpy as np
+import tensorflow_federated as tff
+from tensorflow_federated.python.core.backends.native import compiler
+from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
+from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context
+from tensorflow_federated.python.core.impl.executor_stacks import executor_factory
+from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
+from tensorflow_federated.python.core.impl.executors import remote_executor
+from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
+
+from fedcg_tff import process_tff
+from fedcg_tff import runtime
+
+CONNECT_TIMEOUT_SECONDS = 20.0
+
+
+def local_contexts(count: int,
+                   max_concurrent_computation_calls: int | None = None):
+  """`count` execution contexts, each with its own local worker process
+  (started on first use, stopped at exit by `fedcg_tff.runtime`) running
+  at most `max_concurrent_computation_calls` clients at once (None: its
+  share of this machine's cores)."""
+  runtime.patch_worker_launcher()
+  if max_concurrent_computation_calls is None:
+    max_concurrent_computation_calls = runtime.default_concurrency(count)
+  return [
+      tff.backends.native.create_sync_local_cpp_execution_context(
+          max_concurrent_computation_calls=max_concurrent_computation_calls)
+      for _ in range(count)
+  ]
+
+
+def remote_context(address: str):
+  """An execution context on the worker serving at `address` ('host:port').
+
+  Raises ConnectionError naming the address if no worker answers there
+  within CONNECT_TIMEOUT_SECONDS (TFF itself would retry forever).
+  """
+  channel = grpc.insecure_channel(
+      address, executor_factory._GRPC_CHANNEL_OPTIONS)  # pylint: disable=protected-access
+  try:
+    grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT_SECONDS)
+  except grpc.FutureTimeoutError:
+    channel.close()
+    raise ConnectionError(
+        f'no TFF worker answered at {address!r} within '
+        f'{CONNECT_TIMEOUT_SECONDS:.0f}s (start one there with '
+        f'binaries/run_worker.py)') from None
+  stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(channel)
+
+  def stack_fn(cardinalities):
+    executor = remote_executor.RemoteExecutor(stub)
+    executor.set_cardinalities(cardinalities)
+    return executor
+
+  return sync_execution_context.SyncExecutionContext(
+      executor_fn=python_executor_stacks.ResourceManagingExecutorFactory(
+          executor_stack_fn=stack_fn),
+      compiler_fn=compiler.desugar_and_transform_to_native,
+      transform_args=tensorflow_computation.transform_args,
+      transform_result=tensorflow_computation.transform_result)
+
+
+def shards(num_clients: int, num_workers: int) -> list[range]:
+  """Contiguous, nearly equal client ranges, one per worker (empty ones
+  dropped): client order is kept when the shards' outputs are joined."""
+  bounds = np.linspace(0, num_clients, num_workers + 1).round().astype(int)
+  return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+class Workers:
+  """A pool of execution contexts that runs one computation per client
+  shard, all shards at once (one Python thread each: TFF's context stack is
+  thread-local, so each thread installs its worker's context)."""
+
+  def __init__(self, contexts: Sequence):
+    if not contexts:
+      raise ValueError('Workers needs at least one execution context')
+    self.contexts = list(contexts)
+    self._pool = concurrent.futures.ThreadPoolExecutor(len(self.contexts))
+
+  @classmethod
+  def local(cls, count: int,
+            max_concurrent_computation_calls: int | None = None):
+    return cls(local_contexts(count, max_concurrent_computation_calls))
+
+  @classmethod
+  def remote(cls, addresses: Sequence[str]):
+    return cls([remote_context(a) for a in addresses])
+
+  def __len__(self) -> int:
+    return len(self.contexts)
+
+  def map_clients(self, comp: tff.Computation, shared: tuple,
+                  per_client: tuple) -> list:
+    """`comp(*shared, *[arg[shard] for arg in per_client])` for each shard
+    on its own worker; the shards' CLIENTS-placed results (lists) joined in
+    client order."""
+    num_clients = len(per_client[0])
+
+    def run(context, shard):
+      with context_stack_impl.context_stack.install(context):
+        return list(comp(*shared, *[[arg[i] for i in shard]
+                                    for arg in per_client]))
+
+    futures = [self._pool.submit(run, context, shard) for context, shard in
+               zip(self.contexts, shards(num_clients, len(self.contexts)))]
+    joined = []
+    for future in futures:
+      joined.extend(future.result())
+    return joined
+
+
+class ShardedRound:
+  """One round of a `round_parts.RoundProcess` with its clients' step
+  spread over `workers`; same inputs and outputs as the process's `next`."""
+
+  def __init__(self, parts, workers: Workers):
+    self.parts = parts
+    self.workers = workers
+
+  def __call__(self, server_state, client_states, client_data):
+    outputs = self.workers.map_clients(
+        self.parts.clients_step, (server_state,),
+        (list(client_states), list(client_data)))
+    new_server_state, server_metrics, measurements = self.parts.server_step(
+        server_state, [o.upload for o in outputs], [o.weight for o in outputs])
+    metrics = process_tff.RoundMetrics(
+        server=server_metrics, aggregator=measurements,
+        clients=[o.metrics for o in outputs])
+    return new_server_state, [o.state for o in outputs], metrics

@@ -1,0 +1,391 @@
+"""Client sampling at cross-device scale: which clients a round samples, the
+on-disk client-state store (versions, rollback, memory bound), rounds that
+touch only the sampled clients, resume after a crash mid-round, and the
+binary's --clients_per_round."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from fedcg_tff import baselines_tff
+from fedcg_tff import checkpoint
+from fedcg_tff import client_store
+from fedcg_tff import experiment
+from fedcg_tff import process_tff
+from fedcg_tff.config import FedCGConfig
+from tasks import image_task
+from tests import fake_data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = FedCGConfig(batch_size=8, local_epochs=1, server_epochs=1,
+                   server_steps_per_epoch=3)
+NUM_CLIENTS = 52
+PER_ROUND = 5
+
+
+def _dataset(client, salt):
+  rng = np.random.default_rng([client, salt])
+  return tf.data.Dataset.from_tensor_slices(
+      (rng.normal(size=(8, 32, 32, 1)).astype(np.float32),
+       rng.integers(0, 10, 8).astype(np.int32))).batch(8)
+
+
+def _train_data(round_num, built=None, salt=0, num_clients=NUM_CLIENTS):
+  """Round `round_num`'s datasets, built lazily; `built` collects which."""
+  def build(i):
+    if built is not None:
+      built.append(i)
+    return _dataset(i, 1000 * salt + round_num)
+  return image_task.ClientDatasets(num_clients, build)
+
+
+def _eval_data(num_clients=NUM_CLIENTS):
+  """Fresh dataset objects (same contents every call)."""
+  return ([_dataset(i, 900_001) for i in range(num_clients)],
+          [_dataset(i, 900_002) for i in range(num_clients)])
+
+
+@pytest.fixture(scope='module')
+def process():
+  """FedAvg's process, built once (tracing it is most of a driver's cost)."""
+  return baselines_tff.build_baseline_process(TINY, 'fedavg')
+
+
+def _driver(process, states_dir=None, per_round=PER_ROUND,
+            num_clients=NUM_CLIENTS):
+  return process_tff.ProcessAlgorithm(
+      TINY, num_clients, process, baselines_tff.init_client_computation(TINY),
+      client_store.ClientSampling(per_round, states_dir))
+
+
+def _bytes(state):
+  """A state's exact content, for bit-for-bit comparisons."""
+  return {k: v.tobytes() for k, v in checkpoint.pack(state).items()}
+
+
+def _stored(directory):
+  """Every client file's arrays as bytes, by file name (the files' own
+  bytes hold zip timestamps)."""
+  out = {}
+  for name in sorted(os.listdir(directory)):
+    with np.load(os.path.join(directory, name)) as f:
+      out[name] = {k: f[k].tobytes() for k in f.files}
+  return out
+
+
+def _client_of(file_name):
+  return int(file_name[len('client_'):len('client_') + 5])
+
+
+# ---------------------------------------------------------------------------
+# Sampling.
+
+
+def test_sampling_is_deterministic_sorted_and_varies():
+  rounds = [client_store.sample_clients(7, r, NUM_CLIENTS, PER_ROUND)
+            for r in range(20)]
+  assert rounds == [client_store.sample_clients(7, r, NUM_CLIENTS, PER_ROUND)
+                    for r in range(20)]  # A resumed run draws the same.
+  for ids in rounds:
+    assert ids == sorted(set(ids)) and len(ids) == PER_ROUND
+    assert 0 <= ids[0] and ids[-1] < NUM_CLIENTS
+  assert len({tuple(ids) for ids in rounds}) == 20  # Each round its own.
+  assert client_store.sample_clients(8, 0, NUM_CLIENTS, PER_ROUND) != rounds[0]
+  # Over many rounds every client is drawn about equally often.
+  counts = np.bincount(np.concatenate(
+      [client_store.sample_clients(7, r, NUM_CLIENTS, PER_ROUND)
+       for r in range(2000)]), minlength=NUM_CLIENTS)
+  expected = 2000 * PER_ROUND / NUM_CLIENTS
+  assert counts.min() > 0.7 * expected and counts.max() < 1.3 * expected
+  # Everyone, in order, when every client takes part: the unsampled driver.
+  assert client_store.sample_clients(7, 3, 4, 4) == [0, 1, 2, 3]
+  with pytest.raises(ValueError, match=r'clients_per_round must be in '
+                     r'\[1, 4\] \(the number of clients\), got 5'):
+    client_store.sample_clients(7, 0, 4, 5)
+
+
+def test_driver_refuses_more_clients_per_round_than_clients(process):
+  with pytest.raises(ValueError, match=rf'clients_per_round must be in '
+                     rf'\[1, {NUM_CLIENTS}\].*got {NUM_CLIENTS + 1}'):
+    _driver(process, per_round=NUM_CLIENTS + 1)
+
+
+# ---------------------------------------------------------------------------
+# The on-disk store alone (numpy states, a counting initializer).
+
+
+def _toy_state(value):
+  return {'w': np.full([3], value, np.float32), 'step': np.int64(value)}
+
+
+def test_disk_store_keeps_two_versions_and_rolls_back(tmp_path):
+  initialized = []
+
+  def initialize(ids):
+    initialized.extend(ids)
+    return [_toy_state(-i) for i in ids]
+
+  def open_store():
+    return client_store.DiskClientStore(str(tmp_path), 4, initialize,
+                                        _toy_state(0))
+
+  store = open_store()
+  values = lambda ids: [float(s['w'][0]) for s in store.load(ids)]
+  assert values([0, 1, 2, 3]) == [0, -1, -2, -3]  # Initial, drawn lazily.
+  assert initialized == [0, 1, 2, 3] and os.listdir(tmp_path) == []
+  store.save(1, [0, 1], [_toy_state(10), _toy_state(11)])
+  store.save(2, [1, 2], [_toy_state(21), _toy_state(22)])
+  store.save(3, [1], [_toy_state(31)])
+  assert values([0, 1, 2, 3]) == [10, 31, 22, -3]
+  assert int(store.load([1])[0]['step']) == 31  # Every leaf round-trips.
+  # Client 1 keeps its newest two versions only.
+  assert store.versions(1) == [2, 3] and store.versions(0) == [1]
+  assert sorted(os.listdir(tmp_path)) == [
+      'client_00000.r000001.npz', 'client_00001.r000002.npz',
+      'client_00001.r000003.npz', 'client_00002.r000002.npz']
+
+  # A crash in round 3 after client 1's file was written, before the
+  # round-3 checkpoint: a store reopened on the directory (a leftover
+  # temporary file is removed) and rolled back to 2 rounds holds the states
+  # after round 2.
+  (tmp_path / 'client_00003.r000003.npz.tmp').write_bytes(b'half')
+  store = open_store()
+  assert store.versions(1) == [2, 3]
+  store.discard_after(2)
+  assert values([0, 1, 2, 3]) == [10, 21, 22, -3]
+  assert not (tmp_path / 'client_00001.r000003.npz').exists()
+  assert not (tmp_path / 'client_00003.r000003.npz.tmp').exists()
+  store.discard_after(0)  # Nothing committed: every client starts afresh.
+  assert values([0, 1, 2, 3]) == [0, -1, -2, -3]
+  assert os.listdir(tmp_path) == []
+  store.save(1, [3], [_toy_state(13)])
+  with pytest.raises(ValueError, match='client 3.*2 clients'):
+    client_store.DiskClientStore(str(tmp_path), 2, initialize, _toy_state(0))
+
+
+# ---------------------------------------------------------------------------
+# Rounds with 52 tiny clients, 5 a round.
+
+
+def test_round_updates_only_the_sampled_clients(process, tmp_path):
+  states_dir = tmp_path / 'states'
+  disk = _driver(process, str(states_dir))
+  memory = _driver(process)  # Same sampling, states in memory.
+  initial = [_bytes(s) for s in memory.client_states]
+  before = {}
+  for round_num in range(2):
+    sampled = disk.sample_clients(round_num)
+    built = []
+    metrics = disk.run_round(round_num, _train_data(round_num, built))
+    # Only the sampled clients' datasets were even built.
+    assert sorted(built) == sampled
+    after = _stored(states_dir)
+    new_files = set(after) - set(before)
+    assert sorted(_client_of(f) for f in new_files) == sampled
+    for name in new_files:  # The new state differs from the previous one.
+      i = _client_of(name)
+      previous = [f for f in before if _client_of(f) == i]
+      old = before[max(previous)] if previous else initial[i]
+      assert after[name] != old, name
+    # Every other client's stored state is untouched, bit for bit (clients
+    # never trained have no file: their initial state, drawn when needed).
+    for name in set(before) & set(after):
+      assert after[name] == before[name], name
+    for name in set(before) - set(after):  # Only superseded versions go.
+      assert _client_of(name) in sampled
+    # The round's training metrics name the sampled clients; the means are
+    # over them.
+    trained = {int(k.split('/')[0][len('client_'):]) for k in metrics
+               if k.startswith('client_')}
+    assert trained == set(sampled)
+    assert metrics['mean/cls_loss'] == pytest.approx(
+        np.mean([metrics[f'client_{i}/cls_loss'] for i in sampled]))
+    assert memory.run_round(round_num, _train_data(round_num)) == metrics
+    before = after
+  # Some clients trained in round 1 sat round 2 out: the untouched stored
+  # states checked above include non-initial ones.
+  assert set(disk.sample_clients(0)) - set(disk.sample_clients(1))
+  with pytest.raises(AttributeError, match='on disk'):
+    disk.client_states  # pylint: disable=pointless-statement
+  # Loading through the store gives what the in-memory driver holds, bit
+  # for bit, never more than a round's clients at a time; a disk store's
+  # checkpoint holds the server state only.
+  for start in range(0, NUM_CLIENTS, PER_ROUND):
+    ids = list(range(start, min(start + PER_ROUND, NUM_CLIENTS)))
+    assert ([_bytes(s) for s in disk.load_client_states(ids)] ==
+            [_bytes(s) for s in memory.load_client_states(ids)])
+  assert disk.client_store.max_loaded == PER_ROUND
+  assert _bytes(disk.server_state) == _bytes(memory.server_state)
+  assert disk.state()[1] == [] and len(memory.state()[1]) == NUM_CLIENTS
+
+
+def _heap_peak(fn):
+  """Peak growth of the Python heap (numpy arrays included) while `fn`
+  runs."""
+  tracemalloc.start()
+  try:
+    base = tracemalloc.get_traced_memory()[0]
+    fn()
+    return tracemalloc.get_traced_memory()[1] - base
+  finally:
+    tracemalloc.stop()
+
+
+def test_memory_bound_and_evaluation_of_unchanged_clients(process,
+                                                          tmp_path):
+  """With the disk store a round plus an evaluation of all 52 clients peaks
+  at a few states per sampled client, below what the 52 states take (the
+  same measurement sees an in-memory driver draw all 52, so it does see
+  the states TFF returns); evaluation reuses exactly the accuracies of
+  unchanged clients."""
+  disk = _driver(process, str(tmp_path))
+  state_bytes = sum(len(v) for v in
+                    _bytes(disk.load_client_states([0])[0]).values())
+  every_state = NUM_CLIENTS * state_bytes
+  memory_peak = _heap_peak(lambda: _driver(process))
+  assert memory_peak > 0.9 * every_state, (memory_peak, every_state)
+
+  eval_data = _eval_data()
+  disk.run_round(0, _train_data(0))
+  first = disk.evaluate(*eval_data)  # All 52, 5 at a time.
+  results = {}
+
+  def round_and_evaluations():
+    disk.run_round(1, _train_data(1))
+    results['reused'] = disk.evaluate(*eval_data)  # Round 2's 5 clients.
+    # New dataset objects (same contents): every client is evaluated again.
+    results['fresh'] = disk.evaluate(*_eval_data())
+
+  disk_peak = _heap_peak(round_and_evaluations)
+  print(f'state {state_bytes} B; all {NUM_CLIENTS}: {every_state} B; '
+        f'peak with the disk store {disk_peak} B')
+  # About three copies of each state in flight (the file's bytes, the
+  # arrays, TFF's serialised value), for 5 states at a time: a bound in
+  # clients per round, not clients.
+  assert disk_peak < 4 * PER_ROUND * state_bytes < every_state, disk_peak
+  assert disk.client_store.max_loaded == PER_ROUND
+  assert results['reused'] == results['fresh']
+  sampled = disk.sample_clients(1)
+  for now, then in zip(results['fresh'], first):
+    assert [now[i] for i in range(NUM_CLIENTS) if i not in sampled] == [
+        then[i] for i in range(NUM_CLIENTS) if i not in sampled]
+
+
+def test_crash_mid_round_resumes_from_the_previous_round(process, tmp_path):
+  """12 clients, 3 a round (the rollback does not depend on the count)."""
+  num_clients, per_round = 12, 3
+  val, test = _eval_data(num_clients)
+  train = lambda r, salt=0: _train_data(r, salt=salt, num_clients=num_clients)
+
+  def run(directory, rounds):
+    driver = _driver(process, str(directory / 'states'), per_round,
+                     num_clients)
+    result = experiment.run(
+        driver, train, val, test, max_rounds=rounds, patience=9,
+        log=lambda _: None,
+        checkpoints=checkpoint.Checkpoints(str(directory / 'ckpt')))
+    return driver, result
+
+  whole, whole_result = run(tmp_path / 'whole', 3)
+
+  # Two rounds saved; round 3, on other data (so its states differ from a
+  # correct redo's), writes two of its three clients' files and dies.
+  broken, _ = run(tmp_path / 'broken', 2)
+  sampled = broken.sample_clients(2)
+  store = broken.client_store
+  save = store.save
+
+  def crash(rounds_done, ids, states):
+    save(rounds_done, ids[:2], states[:2])
+    raise KeyboardInterrupt('power loss')
+
+  store.save = crash
+  with pytest.raises(KeyboardInterrupt):
+    broken.run_round(2, train(2, salt=1))
+  assert all(store.versions(i)[-1] == 3 for i in sampled[:2])
+  assert _stored(tmp_path / 'broken' / 'states') != _stored(
+      tmp_path / 'whole' / 'states')
+
+  # A new process resumes after round 2 and ends where the whole run did.
+  resumed, result = run(tmp_path / 'broken', 3)
+  assert result.resumed_from == 2 and result.rounds_run == 3
+  assert _stored(tmp_path / 'broken' / 'states') == _stored(
+      tmp_path / 'whole' / 'states')
+  assert _bytes(resumed.server_state) == _bytes(whole.server_state)
+  assert resumed.evaluate(val, test) == whole.evaluate(val, test)
+  for key, value in whole_result.tracker.as_arrays().items():
+    np.testing.assert_array_equal(result.tracker.as_arrays()[key], value)
+
+
+# ---------------------------------------------------------------------------
+# The binary.
+
+
+def _run_binary(args, timeout=600):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'binaries.run_fedcg', *args], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=timeout)
+  return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_binary_refuses_more_clients_per_round_than_clients(tmp_path):
+  out = tmp_path / 'out'
+  rc, _, err = _run_binary([f'--output_dir={out}', '--clients_per_round=0'],
+                           timeout=60)
+  assert rc != 0 and '--clients_per_round must be >= 1, got 0' in err
+  data = tmp_path / 'idx'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
+  rc, _, err = _run_binary([f'--output_dir={out}', f'--data_dir={data}',
+                            '--num_clients=2', '--train_per_client=16',
+                            '--clients_per_round=3'], timeout=120)
+  assert rc != 0
+  assert ("--clients_per_round=3 is more than the run's 2 clients "
+          '(--task=fmnist, --num_clients=2)') in err, err[-2000:]
+  assert not out.exists()  # Nothing was written.
+
+
+def test_binary_samples_100_dirichlet_clients(tmp_path):
+  data = tmp_path / 'idx'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=2000, n_test=2000)
+  out = tmp_path / 'out'
+  args = [f'--output_dir={out}', f'--data_dir={data}', '--algorithm=fedavg',
+          '--num_clients=100', '--train_per_client=20',
+          '--partition=dirichlet', '--dirichlet_alpha=5', '--batch_size=4',
+          '--local_epochs=1', '--rounds=2', '--seed=3']
+  rc, stdout, err = _run_binary([*args, '--clients_per_round=10'])
+  assert rc == 0, err[-3000:]
+  assert 'task fmnist: 100 clients' in stdout and 'round 2/2' in stdout
+  definition = json.loads((out / 'run.json').read_text())
+  assert definition['run']['clients_per_round'] == 10
+  # Files for the clients the two rounds sampled, and only theirs.
+  sampled = [client_store.sample_clients(3, r, 100, 10) for r in range(2)]
+  files = os.listdir(out / 'client_states')
+  assert {int(f[len('client_'):len('client_') + 5]) for f in files} == (
+      set(sampled[0]) | set(sampled[1]))
+  with open(out / 'metrics.csv', newline='') as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 2
+  for row, ids in zip(rows, sampled):
+    # Every client is evaluated every round; only the sampled ones trained.
+    assert all(row[f'client_{i}/val_accuracy'] != '' for i in range(100))
+    trained = {i for i in range(100) if row.get(f'client_{i}/cls_loss')}
+    assert trained == set(ids)
+  results = json.loads((out / 'results.json').read_text())
+  assert len(results['test_accuracy_at_best_val']) == 100
+  # Resuming with another sample size is refused, naming the flag.
+  rc, _, err = _run_binary([*args, '--clients_per_round=20'], timeout=120)
+  assert rc != 0 and '--clients_per_round: stored 10, given 20' in err
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

@@ -1,0 +1,376 @@
+"""Privacy analysis: the DLG attack, PSNR / SSIM, the threat models, the
+Gaussian mechanism on both sides (attack and DP training) and its epsilon,
+and the Table-2 binary end to end."""
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from fedcg_tff import algorithms
+from fedcg_tff import baselines_tff
+from fedcg_tff import dp
+from fedcg_tff import names
+from fedcg_tff import networks
+from fedcg_tff import privacy_tf
+from fedcg_tff.config import FedCGConfig
+from tests import fake_data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = FedCGConfig()
+CLIENT_SEED = 1001
+RANGE = privacy_tf.input_range((0.5,), (0.5,))  # FMNIST's: [-1, 1].
+OPTIONS = privacy_tf.AttackOptions(iterations=200, restarts=1, seed=0)
+
+
+def _test_image():
+  """A fixed synthetic image like an FMNIST item: a shaded, textured
+  ellipse on a black background, normalised to [-1, 1]."""
+  yy, xx = np.mgrid[0:32, 0:32] / 31.0
+  inside = ((xx - 0.5) / 0.3)**2 + ((yy - 0.5) / 0.4)**2 < 1
+  image = np.where(inside, 0.9 - 1.2 * yy + 0.3 * np.sin(8 * xx), -1.0)
+  return np.clip(image, -1, 1)[None, :, :, None].astype(np.float32)
+
+
+def _attack(name, sigma=0.0, clip=10.0, image=None, label=3):
+  threat = privacy_tf.threat_model(name, sigma, clip)
+  image = _test_image() if image is None else image
+  client = privacy_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
+  tf.random.set_seed(0)
+  observation = privacy_tf.observe(CONFIG, threat, client, image,
+                                   np.array([label], np.int32))
+  result = privacy_tf.dlg_attack(CONFIG, observation, OPTIONS, RANGE)
+  to01 = lambda x: privacy_tf.to_unit_range(x, (0.5,), (0.5,))
+  return (float(privacy_tf.psnr(to01(image), to01(result.images))[0]),
+          result, observation)
+
+
+@pytest.fixture(scope='module')
+def unprotected():
+  return _attack('fedavg')
+
+
+# ---------------------------------------------------------------------------
+# The attack.
+
+
+def test_dlg_recovers_the_image_from_an_unprotected_lenet_gradient(
+    unprotected):
+  psnr, result, _ = unprotected
+  assert psnr > 20.0, psnr
+  assert result.labels.tolist() == [3]  # iDLG's label.
+  assert result.matching_loss < 1e-6
+
+
+def test_dp_noise_of_std_0_1_drops_the_recovery(unprotected):
+  psnr, _, _ = unprotected
+  noisy, result, observation = _attack('fedavg_dp', sigma=0.1)
+  assert noisy < psnr - 10.0 and noisy < 12.0, (noisy, psnr)
+  # The attacker saw a noised gradient: far from the clean one.
+  clean = unprotected[2].gradients['extractor'][0]
+  seen = observation.gradients['extractor'][0]
+  assert np.std(seen - clean) == pytest.approx(0.1, rel=0.3)
+  assert result.matching_loss > 0.1
+
+
+def test_fedcg_attacker_recovers_little_through_a_stand_in_extractor(
+    unprotected):
+  psnr, _, _ = _attack('fedcg')
+  assert psnr < unprotected[0] - 10.0
+
+
+def test_adam_option_runs_and_keeps_the_input_range():
+  threat = privacy_tf.threat_model('fedavg')
+  client = privacy_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
+  images = np.concatenate([_test_image(), -_test_image()])
+  observation = privacy_tf.observe(CONFIG, threat, client, images,
+                                   np.array([3, 5], np.int32))
+  options = privacy_tf.AttackOptions(iterations=30, optimizer='adam',
+                                     labels='optimize')
+  result = privacy_tf.dlg_attack(CONFIG, observation, options, RANGE)
+  assert result.images.shape == images.shape
+  assert result.images.min() >= -1.0 and result.images.max() <= 1.0
+  assert result.labels.shape == (2,)
+  with pytest.raises(ValueError, match='labels=infer needs'):
+    privacy_tf.infer_labels(observation)
+
+
+def test_attack_options_are_checked():
+  for bad, match in ((dict(iterations=0), 'iterations'),
+                     (dict(restarts=0), 'restarts'),
+                     (dict(optimizer='sgd'), 'attack_optimizer'),
+                     (dict(labels='guess'), 'labels')):
+    with pytest.raises(ValueError, match=match):
+      privacy_tf.AttackOptions(**bad).validate()
+  with pytest.raises(ValueError, match='algorithms'):
+    privacy_tf.threat_model('feddf')
+  with pytest.raises(ValueError, match='dp_sigma'):
+    privacy_tf.threat_model('fedavg_dp', 0.0, 1.0)
+
+
+# ---------------------------------------------------------------------------
+# Threat models: what reaches the attacker.
+
+
+def _arrays(observation):
+  return [a for group in (observation.weights, observation.gradients)
+          for values in group.values() for a in values]
+
+
+def _holds_any(arrays, weights):
+  return any(a.shape == w.shape and np.array_equal(a, w)
+             for a in arrays for w in weights)
+
+
+@pytest.mark.parametrize('name', ['fedcg', 'fedsplit'])
+def test_private_extractor_threat_models_see_no_extractor_weights(name):
+  threat = privacy_tf.threat_model(name)
+  client = privacy_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
+  observation = privacy_tf.observe(CONFIG, threat, client, _test_image(),
+                                   np.array([3], np.int32))
+  assert set(observation.gradients) == {'classifier'}
+  assert 'extractor' not in observation.weights
+  extractor_shapes = {w.shape for w in client.extractor}
+  assert not any(a.shape in extractor_shapes for a in _arrays(observation))
+  assert not _holds_any(_arrays(observation), client.extractor)
+  # The client's own E, not the server's (what fedavg would share) ...
+  shared = privacy_tf.round_one_networks(
+      CONFIG, privacy_tf.threat_model('fedavg'), CLIENT_SEED)
+  assert not np.array_equal(client.extractor[0], shared.extractor[0])
+  # ... and the attacker's stand-in is another draw.
+  stand_in = privacy_tf.stand_in_extractor(
+      CONFIG, CONFIG.seed + privacy_tf.STAND_IN_SEED_OFFSET)
+  assert not np.array_equal(stand_in[0], client.extractor[0])
+  if name == 'fedcg':
+    assert set(observation.weights) == {'generator', 'classifier'}
+
+
+def test_c_gradient_of_one_image_gives_its_features_exactly():
+  """What FedCG's attacker does learn: E(x), from C's first dense layer
+  (kernel gradient = features (x) bias gradient)."""
+  threat = privacy_tf.threat_model('fedcg')
+  client = privacy_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
+  observation = privacy_tf.observe(CONFIG, threat, client, _test_image(),
+                                   np.array([3], np.int32))
+  kernel, bias = observation.gradients['classifier'][:2]
+  j = int(np.argmax(np.abs(bias)))
+  features = kernel[:, j] / bias[j]
+  extractor = networks.build_extractor(1)
+  networks.assign_weights(extractor, client.extractor)
+  np.testing.assert_allclose(features, np.ravel(extractor(_test_image())),
+                             rtol=1e-3, atol=1e-5)
+
+
+def test_fedavg_threat_model_sees_the_extractor(unprotected):
+  """The check above can fail: FedAvg's attacker holds E and its gradient."""
+  observation = unprotected[2]
+  client = privacy_tf.round_one_networks(
+      CONFIG, privacy_tf.threat_model('fedavg'), CLIENT_SEED)
+  assert _holds_any(_arrays(observation), client.extractor)
+  assert set(observation.gradients) == {'extractor', 'classifier'}
+
+
+# ---------------------------------------------------------------------------
+# PSNR and SSIM.
+
+
+def test_psnr_of_identical_images_is_capped_and_of_unrelated_ones_low():
+  rng = np.random.default_rng(0)
+  a = rng.uniform(size=(3, 32, 32, 1))
+  assert privacy_tf.psnr(a, a).tolist() == [privacy_tf.PSNR_CAP_DB] * 3
+  assert np.all(privacy_tf.psnr(a, rng.uniform(size=a.shape)) < 10.0)
+  # Known value: a uniform error of 0.1 is an MSE of 0.01, 20 dB.
+  assert privacy_tf.psnr(a[:1] * 0.5, a[:1] * 0.5 + 0.1)[0] == (
+      pytest.approx(20.0))
+  with pytest.raises(ValueError, match='psnr'):
+    privacy_tf.psnr(a, a[:2])
+
+
+def test_ssim_of_identical_and_unrelated_images():
+  rng = np.random.default_rng(1)
+  a = rng.uniform(size=(2, 32, 32, 1))
+  np.testing.assert_allclose(privacy_tf.ssim(a, a), 1.0, atol=1e-6)
+  assert np.all(privacy_tf.ssim(a, rng.uniform(size=a.shape)) < 0.2)
+
+
+def test_match_order_pairs_a_shuffled_batch():
+  rng = np.random.default_rng(2)
+  a = rng.uniform(size=(3, 8, 8, 1))
+  order = privacy_tf.match_order(a, a[[2, 0, 1]])
+  np.testing.assert_array_equal(a[[2, 0, 1]][order], a)
+
+
+# ---------------------------------------------------------------------------
+# The Gaussian mechanism and epsilon.
+
+
+def test_gaussian_mechanism_clips_then_adds_noise_of_std_sigma():
+  tf.random.set_seed(3)
+  zeros = {'a': tf.zeros([200, 200]), 'b': (tf.zeros([1000]),)}
+  noised = dp.gaussian_mechanism(zeros, 0.1, 1.0)
+  assert float(tf.math.reduce_std(noised['a'])) == pytest.approx(0.1, rel=0.02)
+  big = (tf.fill([100], 10.0),)
+  clipped = dp.gaussian_mechanism(big, 0.0, 2.5)
+  assert float(tf.norm(clipped[0])) == pytest.approx(2.5, rel=1e-5)
+  small = (tf.fill([4], 0.1),)
+  np.testing.assert_allclose(dp.gaussian_mechanism(small, 0.0, 2.5)[0], 0.1)
+
+
+def test_epsilon_follows_noise_rounds_and_the_rdp_bound():
+  assert dp.epsilon(0.0, 1.0, 1) == math.inf
+  e = {s: dp.epsilon(s, 1.0, 10) for s in (0.5, 1.0, 2.0)}
+  assert e[0.5] > e[1.0] > e[2.0] > 0
+  assert dp.epsilon(1.0, 1.0, 20) > e[1.0]
+  # Only the ratio sigma / clip matters.
+  assert dp.epsilon(0.1, 10.0, 3) == pytest.approx(dp.epsilon(0.01, 1.0, 3))
+  # At most the classic RDP conversion of T Gaussian mechanisms
+  # (eps = min_a T a / (2 z^2) + log(1 / delta) / (a - 1)).
+  z, rounds, delta = 1.0, 10, 1e-5
+  orders = np.linspace(1.01, 200, 20000)
+  classic = np.min(rounds * orders / (2 * z**2) +
+                   np.log(1 / delta) / (orders - 1))
+  assert e[1.0] <= classic + 1e-6
+  assert e[1.0] > 0.5 * classic
+  with pytest.raises(ValueError, match='dp_clip'):
+    dp.epsilon(0.1, 0.0, 1)
+  with pytest.raises(ValueError, match='dp_delta'):
+    dp.epsilon(0.1, 1.0, 1, delta=1.0)
+
+
+def test_dp_mean_factory_clips_and_noises_each_client_then_averages():
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  value_type = tff.types.to_type(
+      ((np.float32, [2000]), (np.float32, [3])))
+  weight_type = tff.TensorType(np.float32)
+
+  def mean(sigma, clip, values):
+    process = dp.mean_factory(sigma, clip, len(values)).create(value_type,
+                                                               weight_type)
+    return process.next(process.initialize(), values,
+                        [7.0, 1.0, 2.0][:len(values)]).result
+
+  # No noise: the uniform mean of the clipped values (weights ignored).
+  values = [(np.full(2000, 1.0, np.float32), np.zeros(3, np.float32)),
+            (np.zeros(2000, np.float32), np.full(3, 2.0, np.float32))]
+  got = mean(0.0, 1e6, values)
+  np.testing.assert_allclose(got[0], 0.5, rtol=1e-6)
+  np.testing.assert_allclose(got[1], 1.0, rtol=1e-6)
+  got = mean(0.0, 1.0, values)  # Each client clipped to norm 1 first.
+  assert np.linalg.norm(np.concatenate(got)) == pytest.approx(
+      0.5 * math.sqrt(2), rel=1e-4)
+  # Noise: each of n clients adds std sigma, so the mean has sigma/sqrt(n).
+  zeros = [(np.zeros(2000, np.float32), np.zeros(3, np.float32))] * 3
+  got = mean(0.3, 1.0, zeros)
+  assert np.std(got[0]) == pytest.approx(0.3 / math.sqrt(3), rel=0.06)
+  with pytest.raises(ValueError, match='dp_sigma'):
+    dp.mean_factory(-1.0, 1.0, 3)
+
+
+def test_fedavg_with_dp_uploads_noised_updates():
+  """One round of FedAvg with the DP aggregator: the server's new weights
+  are the mean of the clients' trained weights plus noise of std
+  sigma / sqrt(n) (each client's update carried std sigma)."""
+  config = FedCGConfig(batch_size=8, local_epochs=1, client_optimizer='sgd',
+                       lr=0.05, weight_decay=0.0)
+  rng = np.random.default_rng(4)
+  data = [tf.data.Dataset.from_tensor_slices(
+      (rng.normal(size=(16, 32, 32, 1)).astype(np.float32),
+       rng.integers(0, 10, 16).astype(np.int32))).batch(8)
+          for _ in range(3)]
+  sigma = 0.05
+  driver = algorithms.build('fedavg', config, 3, upload_updates=True,
+                            aggregation_factory=dp.mean_factory(sigma, 1e6,
+                                                                3))
+  before = driver.server_state.shared
+  driver.run_round(0, data)
+  flat = lambda groups: np.concatenate(
+      [np.ravel(w) for name in ('extractor', 'classifier')
+       for w in groups[name]])
+  clients = np.mean([flat({'extractor': s.extractor,
+                           'classifier': s.classifier})
+                     for s in driver.client_states], axis=0)
+  assert not np.allclose(clients, flat(before), atol=1e-4)  # They trained.
+  residual = flat(driver.server_state.shared) - clients
+  assert np.std(residual) == pytest.approx(sigma / math.sqrt(3), rel=0.05)
+  assert abs(np.mean(residual)) < 1e-3
+  with pytest.raises(ValueError, match='upload_updates'):
+    algorithms.build('fedgen', config, 3, upload_updates=True)
+
+
+def test_names_match_the_registries():
+  assert names.DP_ALGORITHMS == baselines_tff.UPDATE_ALGORITHMS
+  assert names.PRIVACY_ALGORITHMS == privacy_tf.THREAT_MODEL_NAMES
+
+
+# ---------------------------------------------------------------------------
+# The binary.
+
+
+def _binary(*args):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  return subprocess.run(
+      [sys.executable, '-m', 'binaries.run_privacy_attack', *args],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_binary_writes_table_2_grid_and_tensorboard(tmp_path):
+  data_dir = tmp_path / 'data'
+  data_dir.mkdir()
+  fake_data.write_fake_fmnist(str(data_dir), n_train=80, n_test=40)
+  results = tmp_path / 'fedavg_results.json'
+  results.write_text(json.dumps({
+      'algorithm': 'fedavg', 'mean_test_accuracy_at_best_val': 0.625,
+      'rounds_run': 3}))
+  out = tmp_path / 'out'
+  proc = _binary(
+      f'--output_dir={out}', f'--data_dir={data_dir}', '--num_clients=2',
+      '--train_per_client=20', '--num_images=2', '--iterations=5',
+      '--algorithms=fedavg,fedavg_dp,fedcg', '--dp_sigma=0.1',
+      f'--results=fedavg={results}')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert '[fedcg 2/2] PSNR' in proc.stdout
+  table = (out / 'privacy.md').read_text()
+  assert '| FedAvg | 62.50 (3 rounds) |' in table
+  assert '| FedAvg DP 0.1 | — |' in table and '| FedCG | — |' in table
+  assert 'For scale, constant images score: black' in table
+  with open(out / 'privacy.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert [r['algorithm'] for r in rows] == ['fedavg', 'fedavg_dp0.1', 'fedcg']
+  assert rows[1]['epsilon_gradient'] == f'{dp.epsilon(0.1, 10.0, 1):.6g}'
+  summary = json.loads((out / 'privacy.json').read_text())
+  assert len(summary['rows']['fedcg']['psnr']) == 2
+  assert (out / 'reconstructions.png').stat().st_size > 1000
+  events = os.listdir(out / 'tensorboard')
+  assert events and events[0].startswith('events.out.tfevents')
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--num_images=3', '--attack_batch_size=2'], '--num_images=3'),
+    (['--results=fedsplit=/nonexistent.json'], '--results'),
+])
+def test_binary_names_the_bad_flag(tmp_path, args, message):
+  proc = _binary(f'--output_dir={tmp_path / "out"}', *args)
+  assert proc.returncode != 0
+  assert message in proc.stderr
+  assert not (tmp_path / 'out').exists()
+
+
+def test_run_fedcg_refuses_dp_for_other_algorithms(tmp_path):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  for args, message in (
+      (['--algorithm=fedcg', '--dp_sigma=0.1'], '--dp_sigma applies to'),
+      (['--algorithm=fedavg', '--dp_clip=3'], '--dp_clip is only used'),
+      (['--algorithm=fedavg', '--dp_sigma=0.1', '--dp_clip=0'],
+       '--dp_clip must be')):
+    proc = subprocess.run(
+        [sys.executable, '-m', 'binaries.run_fedcg',
+         f'--output_dir={tmp_path / "run"}', *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+  assert not (tmp_path / 'run').exists()

@@ -1,0 +1,129 @@
+"""Clients spread over several TFF workers: same round, bit for bit."""
+
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tree
+
+from fedcg_tff import algorithms
+from fedcg_tff import process_tff
+from fedcg_tff import runtime
+from fedcg_tff import workers
+from fedcg_tff.config import FedCGConfig
+
+TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
+                   server_epochs=1, server_steps_per_epoch=3)
+NUM_CLIENTS = 5  # Uneven shards on two workers: 2 + 3 (or 3 + 2).
+
+
+def _data(seed, n=24):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, 32, 32, 1)).astype(np.float32)
+  y = rng.integers(0, 10, n).astype(np.int32)
+  return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+
+def _leaves(structure):
+  return [np.asarray(v) for v in tree.flatten(structure)]
+
+
+def _assert_identical(a, b):
+  left, right = _leaves(a), _leaves(b)
+  assert len(left) == len(right)
+  for x, y in zip(left, right):
+    assert x.dtype == y.dtype and x.shape == y.shape
+    np.testing.assert_array_equal(x, y)
+
+
+def test_shards_are_contiguous_and_cover_every_client():
+  assert workers.shards(5, 2) in ([range(0, 2), range(2, 5)],
+                                  [range(0, 3), range(3, 5)])
+  assert workers.shards(2, 4) == [range(0, 1), range(1, 2)]
+  for n, w in ((7, 3), (100, 8), (1, 1)):
+    parts = workers.shards(n, w)
+    assert [i for p in parts for i in p] == list(range(n))
+
+
+@pytest.fixture(scope='module')
+def two_workers():
+  pool = workers.Workers.local(2)
+  yield pool
+  runtime.shutdown_workers()
+  runtime.set_local_cpp_context()
+
+
+@pytest.mark.parametrize('name', ['fedcg', 'local'])
+def test_two_workers_give_the_single_worker_round(name, two_workers):
+  algorithm = algorithms.build(name, TINY, NUM_CLIENTS)
+  process = algorithm.process
+  server, clients = algorithm.state()
+  data = [_data(i) for i in range(NUM_CLIENTS)]
+  sharded = workers.ShardedRound(process.parts, two_workers)
+
+  expected = process.next(server, clients, data)
+  got = sharded(server, clients, data)
+  _assert_identical(expected, got)
+  # The round did something: client states moved.
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(_leaves(clients), _leaves(got[1])))
+  # Two rounds in a row stay identical too.
+  _assert_identical(process.next(*expected[:2], data),
+                    sharded(*got[:2], data))
+  assert len(runtime.worker_processes()) >= 2
+
+
+@pytest.fixture(scope='module')
+def fedavg_pair():
+  """Two FedAvg drivers (one build of the computations, cached per config)."""
+  return (algorithms.build('fedavg', TINY, NUM_CLIENTS),
+          algorithms.build('fedavg', TINY, NUM_CLIENTS))
+
+
+def test_algorithm_driver_uses_the_sharded_round(two_workers, fedavg_pair):
+  single, spread = fedavg_pair
+  spread.next_round = workers.ShardedRound(spread.process.parts, two_workers)
+  data = [_data(i) for i in range(NUM_CLIENTS)]
+  assert single.run_round(0, data) == spread.run_round(0, data)
+  _assert_identical(single.state(), spread.state())
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    return s.getsockname()[1]
+
+
+def test_remote_worker_by_address(fedavg_pair):
+  port = _free_port()
+  server = subprocess.Popen(
+      [sys.executable, '-m', 'binaries.run_worker', f'--port={port}'],
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    pool = workers.Workers.remote([f'localhost:{port}'])
+    algorithm = fedavg_pair[0]
+    server_state, clients = algorithm.state()
+    data = [_data(i) for i in range(NUM_CLIENTS)]
+    _assert_identical(
+        algorithm.process.next(server_state, clients, data),
+        workers.ShardedRound(algorithm.process.parts, pool)(
+            server_state, clients, data))
+  finally:
+    server.terminate()
+    assert server.wait(timeout=20) is not None
+  # The worker binary run_worker started went with it.
+  deadline = time.time() + 10
+  while runtime.worker_processes(server.pid) and time.time() < deadline:
+    time.sleep(0.2)
+  assert not runtime.worker_processes(server.pid)
+
+
+def test_unreachable_address_is_named(monkeypatch):
+  monkeypatch.setattr(workers, 'CONNECT_TIMEOUT_SECONDS', 0.5)
+  address = f'localhost:{_free_port()}'
+  with pytest.raises(ConnectionError, match=address):
+    workers.remote_context(address)
