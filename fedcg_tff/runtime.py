@@ -10,17 +10,26 @@ and after Ctrl-C (KeyboardInterrupt unwinds into the same atexit hook).
 A hard crash (abort, SIGKILL) runs no Python at all, so the worker is also
 started with Linux's parent-death signal set: the kernel stops it when the
 thread that started it dies.
+
+TFF stops a worker with SIGINT and then waits for it without a time limit
+(when its context is garbage-collected, and when it restarts a worker it
+finds unresponsive). A process started in the background by a
+non-interactive shell (CI, `nohup cmd &`) inherits SIGINT *ignored*, and so
+did the workers: a run then hung for ever at its end, in TFF's
+`ServiceManager.__del__`. So workers start with SIGINT at its default
+action, and TFF's SIGINT is followed by SIGKILL if the worker is still alive
+after STOP_TIMEOUT_SECONDS.
 """
 
 import atexit
-import gc
 import ctypes
+import gc
 import os
 import signal
 import sys
-import threading
-
 import subprocess
+import threading
+import time
 import types
 
 import psutil
@@ -45,7 +54,10 @@ def worker_processes(pid: int | None = None) -> list[psutil.Process]:
   return [p for p in children if _is_worker(p)]
 
 
-def shutdown_workers(timeout: float = 5.0) -> int:
+STOP_TIMEOUT_SECONDS = 5.0
+
+
+def shutdown_workers(timeout: float = STOP_TIMEOUT_SECONDS) -> int:
   """Stops this process's TFF workers (SIGINT, then SIGKILL) and reaps them.
 
   Returns how many were stopped. Safe to call any number of times. The next
@@ -71,14 +83,23 @@ def shutdown_workers(timeout: float = 5.0) -> int:
 
 
 _PR_SET_PDEATHSIG = 1
+# Looked up now, not in the forked child, where loading libraries could
+# deadlock on a lock another thread of this process held at the fork.
+try:
+  _LIBC = ctypes.CDLL(None, use_errno=True)
+  _PRCTL, _SIGNAL = _LIBC.prctl, _LIBC.signal
+except (OSError, AttributeError):
+  _PRCTL = _SIGNAL = None  # Not Linux: the atexit and signal handlers apply.
+_SIG_DFL = 0
 
 
-def _die_with_parent():
-  """In the child before exec: ask for SIGKILL when the parent dies."""
-  try:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-  except (OSError, AttributeError):
-    pass  # Not Linux: the atexit and signal handlers still apply.
+def _prepare_worker_child():
+  """In the child before exec: SIGKILL when the parent thread dies, and
+  SIGINT back at its default action (the parent may have inherited it
+  ignored; an exec keeps ignored signals ignored)."""
+  if _PRCTL is not None:
+    _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    _SIGNAL(int(signal.SIGINT), _SIG_DFL)
 
 
 # A worker runs a round's clients concurrently (one inter-op thread per
@@ -90,11 +111,11 @@ WORKER_ENV_DEFAULTS = {'TF_NUM_INTRAOP_THREADS': '1'}
 
 
 class WorkerPopen(subprocess.Popen):
-  """`subprocess.Popen` that sets the parent-death signal in the child and
-  gives it WORKER_ENV_DEFAULTS for what the environment does not set."""
+  """`subprocess.Popen` that prepares the child (`_prepare_worker_child`)
+  and gives it WORKER_ENV_DEFAULTS for what the environment does not set."""
 
   def __init__(self, *args, **kwargs):
-    kwargs.setdefault('preexec_fn', _die_with_parent)
+    kwargs.setdefault('preexec_fn', _prepare_worker_child)
     env = dict(kwargs.get('env') or os.environ)
     for name, value in WORKER_ENV_DEFAULTS.items():
       env.setdefault(name, value)
@@ -108,9 +129,10 @@ def patch_worker_launcher():
   TFF offers no hook for how its worker is launched; its factory module calls
   `subprocess.Popen`, so that module's `subprocess` name is pointed at a copy
   whose `Popen` is ours (everything else is the real module's). Likewise its
-  `os.kill`: when TFF finds its worker gone (stopped by `shutdown_workers`)
-  it signals the old process before starting a new one, which raises
-  ProcessLookupError for a process already reaped; ours ignores that.
+  `os.kill`, which TFF calls only to stop a worker (SIGINT) right before
+  waiting for it with no time limit: ours (`_stop_worker_pid`) makes sure
+  the worker is dead when it returns, and ignores a process already reaped
+  (stopped by `shutdown_workers`; TFF's would raise ProcessLookupError).
   """
   from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
   if getattr(executor_factory.subprocess, 'Popen', None) is WorkerPopen:
@@ -121,14 +143,24 @@ def patch_worker_launcher():
   executor_factory.subprocess = shim
   os_shim = types.ModuleType('os')
   os_shim.__dict__.update(os.__dict__)
-  os_shim.kill = _kill_if_alive
+  os_shim.kill = _stop_worker_pid
   executor_factory.os = os_shim
 
 
-def _kill_if_alive(pid: int, sig: int) -> None:
+def _stop_worker_pid(pid: int, sig: int,
+                     timeout: float = STOP_TIMEOUT_SECONDS) -> None:
+  """`os.kill(pid, sig)`, then SIGKILL if the process has not died (is not
+  a zombie or gone) within `timeout`. Does not reap it: TFF's `wait` does."""
   try:
     os.kill(pid, sig)
-  except ProcessLookupError:
+    process = psutil.Process(pid)
+    deadline = time.monotonic() + timeout
+    while process.status() != psutil.STATUS_ZOMBIE:
+      if time.monotonic() > deadline:
+        os.kill(pid, signal.SIGKILL)
+        return
+      time.sleep(0.05)
+  except (ProcessLookupError, psutil.NoSuchProcess):
     pass
 
 

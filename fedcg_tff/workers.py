@@ -20,6 +20,7 @@ address (`binaries/run_worker.py` starts one on another machine).
 """
 
 import concurrent.futures
+import gc
 from typing import Sequence
 
 import grpc
@@ -116,6 +117,21 @@ class Workers:
 
   def __len__(self) -> int:
     return len(self.contexts)
+
+  def close(self) -> None:
+    """Stops the pool's threads and drops its contexts. A dropped local
+    context's worker process stops (TFF stops it when the context is
+    collected, bounded by `fedcg_tff.runtime`); remote workers keep serving.
+    Anything left stops at exit anyway."""
+    self._pool.shutdown(wait=True)
+    self.contexts.clear()
+    gc.collect()  # Contexts sit in reference cycles.
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    self.close()
 
   def map_clients(self, comp: tff.Computation, shared: tuple,
                   per_client: tuple) -> list:

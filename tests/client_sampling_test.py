@@ -6,8 +6,6 @@ binary's --clients_per_round."""
 import csv
 import json
 import os
-import subprocess
-import sys
 import tracemalloc
 
 import numpy as np
@@ -21,9 +19,9 @@ from fedcg_tff import experiment
 from fedcg_tff import process_tff
 from fedcg_tff.config import FedCGConfig
 from tasks import image_task
+from tests import binary_runs
 from tests import fake_data
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = FedCGConfig(batch_size=8, local_epochs=1, server_epochs=1,
                    server_steps_per_epoch=3)
 NUM_CLIENTS = 52
@@ -329,10 +327,7 @@ def test_crash_mid_round_resumes_from_the_previous_round(process, tmp_path):
 
 
 def _run_binary(args, timeout=600):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  proc = subprocess.run(
-      [sys.executable, '-m', 'binaries.run_fedcg', *args], cwd=ROOT, env=env,
-      capture_output=True, text=True, timeout=timeout)
+  proc = binary_runs.run_binary('run_fedcg', args, timeout)
   return proc.returncode, proc.stdout, proc.stderr
 
 

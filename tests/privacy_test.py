@@ -6,8 +6,6 @@ import csv
 import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,9 +18,9 @@ from fedcg_tff import names
 from fedcg_tff import networks
 from fedcg_tff import privacy_tf
 from fedcg_tff.config import FedCGConfig
+from tests import binary_runs
 from tests import fake_data
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = FedCGConfig()
 CLIENT_SEED = 1001
 RANGE = privacy_tf.input_range((0.5,), (0.5,))  # FMNIST's: [-1, 1].
@@ -313,10 +311,7 @@ def test_names_match_the_registries():
 
 
 def _binary(*args):
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  return subprocess.run(
-      [sys.executable, '-m', 'binaries.run_privacy_attack', *args],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  return binary_runs.run_binary('run_privacy_attack', args, timeout=300)
 
 
 def test_binary_writes_table_2_grid_and_tensorboard(tmp_path):
@@ -362,15 +357,12 @@ def test_binary_names_the_bad_flag(tmp_path, args, message):
 
 
 def test_run_fedcg_refuses_dp_for_other_algorithms(tmp_path):
-  env = dict(os.environ, PYTHONPATH=ROOT)
   for args, message in (
       (['--algorithm=fedcg', '--dp_sigma=0.1'], '--dp_sigma applies to'),
       (['--algorithm=fedavg', '--dp_clip=3'], '--dp_clip is only used'),
       (['--algorithm=fedavg', '--dp_sigma=0.1', '--dp_clip=0'],
        '--dp_clip must be')):
-    proc = subprocess.run(
-        [sys.executable, '-m', 'binaries.run_fedcg',
-         f'--output_dir={tmp_path / "run"}', *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = binary_runs.run_binary(
+        'run_fedcg', [f'--output_dir={tmp_path / "run"}', *args], 120)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
   assert not (tmp_path / 'run').exists()

@@ -13,16 +13,12 @@ import psutil
 import pytest
 import tensorflow as tf
 
+from tests import binary_runs
 from tests import fake_data
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(args, timeout=600):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  proc = subprocess.run(
-      [sys.executable, '-m', 'binaries.run_fedcg', *args], cwd=ROOT, env=env,
-      capture_output=True, text=True, timeout=timeout)
+  proc = binary_runs.run_binary('run_fedcg', args, timeout)
   return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -164,6 +160,11 @@ def _results_without_timing(out):
   return {k: v for k, v in results.items() if k not in _TIMING}
 
 
+def _assert_same_run(out, reference):
+  assert _metrics_without_timing(out) == _metrics_without_timing(reference)
+  assert _results_without_timing(out) == _results_without_timing(reference)
+
+
 def _fake_idx(tmp_path):
   data = tmp_path / 'idx'
   data.mkdir()
@@ -176,23 +177,31 @@ def _all_workers() -> set[int]:
           if p.info['name'] == 'worker_binary'}
 
 
-def test_same_flags_give_the_same_metrics(tmp_path):
-  """Also: the runs leave no worker behind."""
-  data = _fake_idx(tmp_path)
-  outs = [tmp_path / 'a', tmp_path / 'b']
+@pytest.fixture(scope='module')
+def reference_run(tmp_path_factory):
+  """The fake data and one uninterrupted tiny run on it: what the runs
+  below must reproduce."""
+  root = tmp_path_factory.mktemp('reference')
+  data = _fake_idx(root)
+  whole = root / 'whole'
+  rc, _, err = _run([f'--output_dir={whole}', f'--data_dir={data}',
+                     *_TINY_RUN])
+  assert rc == 0, err[-3000:]
+  return data, whole
+
+
+def test_two_workers_give_the_same_metrics(reference_run, tmp_path):
+  """Also: the run leaves no worker behind."""
+  data, whole = reference_run
   before = _all_workers()
-  # `--workers=2` hung once in a clean-clone CI run (driver idle, workers
-  # idle; not yet understood), so the binary is not run with it here;
-  # tests/workers_test.py covers the sharded round in-process.
-  for out, extra in zip(outs, ([], [])):
-    rc, _, err = _run([f'--output_dir={out}', f'--data_dir={data}',
-                       *_TINY_RUN, *extra])
-    assert rc == 0, err[-3000:]
+  out = tmp_path / 'two_workers'
+  rc, _, err = _run([f'--output_dir={out}', f'--data_dir={data}',
+                     *_TINY_RUN, '--workers=2'])
+  assert rc == 0, err[-3000:]
   assert _all_workers() <= before
-  first = _metrics_without_timing(outs[0])
+  first = _metrics_without_timing(whole)
   assert len(first) == 4 and 'client_1/g_loss' in first[0]
-  assert first == _metrics_without_timing(outs[1])
-  assert _results_without_timing(outs[0]) == _results_without_timing(outs[1])
+  _assert_same_run(out, whole)
 
 
 def test_batch_larger_than_a_client_is_refused(tmp_path):
@@ -209,7 +218,7 @@ def _start(out, args, env=None):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', **(env or {}))
   return subprocess.Popen(
       [sys.executable, '-m', 'binaries.run_fedcg', f'--output_dir={out}',
-       *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+       *args], cwd=binary_runs.ROOT, env=env, stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -221,27 +230,32 @@ def _wait_for(path, proc, timeout=300):
     time.sleep(0.1)
 
 
-def _assert_same_run(out, reference):
-  assert _metrics_without_timing(out) == _metrics_without_timing(reference)
-  assert _results_without_timing(out) == _results_without_timing(reference)
-
-
-def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
-  data = _fake_idx(tmp_path)
+def test_killed_run_resumes_to_the_uninterrupted_result(reference_run,
+                                                        tmp_path):
+  data, whole = reference_run
   args = [f'--data_dir={data}', *_TINY_RUN]
-  whole, broken = tmp_path / 'whole', tmp_path / 'broken'
-  rc, _, err = _run([f'--output_dir={whole}', *args])
-  assert rc == 0, err[-3000:]
-
+  broken = tmp_path / 'broken'
   proc = _start(broken, args)
   _wait_for(broken / 'checkpoints' / 'round_2', proc)
   os.killpg(proc.pid, signal.SIGKILL)  # Power loss: no handler runs.
   proc.communicate()
   assert not (broken / 'results.json').exists()
 
+  # The resumed run meets a NaN in client 1's round-3 data: it stops naming
+  # round, client and quantity, with rounds 1-2 still saved.
+  proc = _start(broken, args, env={'FEDCG_TEST_INJECT_NAN': '3:1'})
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode != 0
+  assert 'round 3, client 1: cls_loss is nan' in err, err[-2000:]
+  assert 'resumes after round 2' in err
+  assert sorted(os.listdir(broken / 'checkpoints'))[-1] == 'round_2'
+  assert [r['round'] for r in _metrics_without_timing(broken)] == ['1', '2']
+  assert not (broken / 'results.json').exists()
+
+  # Without the fault it resumes after round 2 to the uninterrupted result.
   rc, stdout, err = _run([f'--output_dir={broken}', *args])
   assert rc == 0, err[-3000:]
-  assert 'resuming after round' in stdout
+  assert 'resuming after round 2' in stdout
   _assert_same_run(broken, whole)
   # TensorBoard holds every round once.
   steps = []
@@ -261,24 +275,12 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
   assert rc != 0 and '--lr: stored 0.0003, given 0.001' in err
   assert written == {name: (broken / name).read_bytes() for name in written}
 
-  # A NaN in client 1's round-3 data stops the run naming round, client and
-  # quantity; rounds 1-2 stay saved and a rerun without the fault resumes.
-  faulty = tmp_path / 'faulty'
-  proc = _start(faulty, args, env={'FEDCG_TEST_INJECT_NAN': '3:1'})
-  _, err = proc.communicate(timeout=300)
-  assert proc.returncode != 0
-  assert 'round 3, client 1: cls_loss is nan' in err, err[-2000:]
-  assert 'resumes after round 2' in err
-  assert sorted(os.listdir(faulty / 'checkpoints'))[-1] == 'round_2'
-  assert [r['round'] for r in _metrics_without_timing(faulty)] == ['1', '2']
-  assert not (faulty / 'results.json').exists()
-  rc, stdout, err = _run([f'--output_dir={faulty}', *args])
-  assert rc == 0 and 'resuming after round 2' in stdout, err[-3000:]
-  _assert_same_run(faulty, whole)
 
-  # SIGTERM: prompt exit, no child process left, and the rerun resumes.
+def test_sigterm_stops_promptly_leaving_no_child(reference_run, tmp_path):
+  """(Resuming is the same as after the SIGKILL above.)"""
+  data, _ = reference_run
   termed = tmp_path / 'termed'
-  proc = _start(termed, args)
+  proc = _start(termed, [f'--data_dir={data}', *_TINY_RUN])
   _wait_for(termed / 'checkpoints' / 'round_1', proc)
   children = psutil.Process(proc.pid).children(recursive=True)
   assert children  # TFF's worker.
@@ -287,9 +289,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
   assert proc.returncode == 128 + signal.SIGTERM
   _, alive = psutil.wait_procs(children, timeout=10)
   assert not alive
-  rc, stdout, err = _run([f'--output_dir={termed}', *args])
-  assert rc == 0 and 'resuming after round' in stdout, err[-3000:]
-  _assert_same_run(termed, whole)
+  assert (termed / 'checkpoints' / 'round_1').exists()
 
 
 if __name__ == '__main__':

@@ -41,14 +41,30 @@ _SCRIPT = textwrap.dedent('''
       time.sleep(120)
     if mode == 'abort':
       os.abort()  # A hard crash: no Python cleanup runs.
+    if mode == 'drop':  # A context dropped before exit stops its worker.
+      import gc
+      from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+      from fedcg_tff import workers
+      context = workers.local_contexts(1)[0]
+      with context_stack_impl.context_stack.install(context):
+        assert add_one(2.0) == 3.0
+      for p in runtime.worker_processes():
+        with open(f'/proc/{{p.pid}}/status') as f:
+          ignored = [l.split()[1] for l in f if l.startswith('SigIgn')][0]
+        print('SIGINT_IGNORED', p.pid, bool(int(ignored, 16) & 2), flush=True)
+      del context
+      gc.collect()
+      print('DROPPED', flush=True)
 ''')
 
 
-def _run(mode, send=None):
+def _run(mode, send=None, sigint_ignored=False):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  proc = subprocess.Popen(
-      [sys.executable, '-c', _SCRIPT.format(root=ROOT, mode=mode)],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+  command = [sys.executable, '-c', _SCRIPT.format(root=ROOT, mode=mode)]
+  if sigint_ignored:  # As a non-interactive shell starts background jobs.
+    command = ['/bin/sh', '-c', 'trap "" INT; exec "$@"', 'sh', *command]
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env)
   worker_pids = []
   if send is not None:
     for line in proc.stdout:  # Wait until the worker is up.
@@ -61,12 +77,12 @@ def _run(mode, send=None):
     out, _ = proc.communicate(timeout=120)
   except subprocess.TimeoutExpired:
     proc.kill()
-    pytest.fail('the output pipe stayed open: a worker_binary outlived its '
-                'parent')
+    pytest.fail('the script hung, or a worker_binary outlived it and held '
+                'the output pipe open')
   for line in out.splitlines():
     if line.startswith(b'WORKERS'):
       worker_pids = [int(p) for p in line.split()[1:]]
-  return proc.returncode, worker_pids
+  return proc.returncode, worker_pids, out.decode()
 
 
 def _alive(pid):
@@ -86,12 +102,24 @@ def _alive(pid):
     ('wait', signal.SIGINT, -signal.SIGINT),
 ])
 def test_worker_stopped_with_parent(mode, send, expect_rc):
-  rc, worker_pids = _run(mode, send)
+  rc, worker_pids, _ = _run(mode, send)
   assert worker_pids, 'the script should have started a worker'
   assert rc == expect_rc
   deadline = time.time() + 10
   while any(_alive(p) for p in worker_pids) and time.time() < deadline:
     time.sleep(0.2)
+  assert not any(_alive(p) for p in worker_pids)
+
+
+def test_dropped_context_stops_its_worker_when_sigint_is_ignored():
+  """CI starts the suite with SIGINT ignored; TFF stops a dropped context's
+  worker with SIGINT and waits without limit, so a worker that inherited
+  the ignored SIGINT hung the binary at its end."""
+  rc, worker_pids, out = _run('drop', sigint_ignored=True)
+  assert rc == 0 and 'DROPPED' in out
+  flags = [line.split()[2] for line in out.splitlines()
+           if line.startswith('SIGINT_IGNORED')]
+  assert flags and set(flags) == {'False'}
   assert not any(_alive(p) for p in worker_pids)
 
 

@@ -6,6 +6,7 @@ import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 import tensorflow as tf
 import tree
@@ -53,8 +54,22 @@ def test_shards_are_contiguous_and_cover_every_client():
 def two_workers():
   pool = workers.Workers.local(2)
   yield pool
-  runtime.shutdown_workers()
-  runtime.set_local_cpp_context()
+  started = runtime.worker_processes()
+  pool.close()
+  # The pool's two workers stopped with it (the default context's did not).
+  deadline = time.time() + 10
+  while len(_running(started)) > len(started) - 2 and time.time() < deadline:
+    time.sleep(0.1)
+  assert len(_running(started)) == len(started) - 2, started
+
+
+def _running(processes):
+  def running(p):
+    try:
+      return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+      return False
+  return [p for p in processes if running(p)]
 
 
 @pytest.mark.parametrize('name', ['fedcg', 'local'])
