@@ -311,9 +311,11 @@ def train_generator(nets: Networks, optimizer_state, classifiers, weights,
   Returns the new optimizer state, the per-step CE and the mean diversity.
   """
   config = nets.config
-  optimizer = training_tf.server_optimizer(config)
   w = training_tf.normalized_weights(weights)
   variables = nets.generator.trainable_variables
+  optimizer = training_tf.optimizer_steps(
+      training_tf.server_optimizer(config), nets, variables)
+  carry = optimizer.begin(optimizer_state)
   bs = config.batch_size
   seed = tf.constant(config.seed, tf.int64)
   ces = tf.TensorArray(tf.float32, size=config.distill_steps)
@@ -328,13 +330,12 @@ def train_generator(nets: Networks, optimizer_state, classifiers, weights,
           y, ensemble_logits(nets, classifiers, w, features[:bs]))
       diversity = diversity_loss(features, z)
       loss = ce + config.diversity_weight * diversity
-    optimizer_state = training_tf.apply_gradients(
-        optimizer, optimizer_state, variables, tape.gradient(loss, variables))
+    carry = optimizer.step(carry, tape.gradient(loss, variables))
     ces = ces.write(step, ce)
     diversity_sum += diversity
   mean_diversity = diversity_sum / tf.maximum(
       tf.cast(config.distill_steps, tf.float32), 1.0)
-  return optimizer_state, ces.stack(), mean_diversity
+  return optimizer.end(carry), ces.stack(), mean_diversity
 
 
 @tf.function

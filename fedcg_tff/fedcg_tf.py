@@ -190,10 +190,14 @@ def train_gan(nets: Networks, d_optimizer_state, g_optimizer_state, dataset,
   states and the mean D and G losses. Call from inside a `tf.function`.
   """
   config = nets.config
-  optimizer = training_tf.gan_optimizer(config)
-  apply = training_tf.apply_gradients
   d_vars = nets.discriminator.trainable_variables
   g_vars = nets.generator.trainable_variables
+  d_optimizer = training_tf.optimizer_steps(
+      training_tf.gan_optimizer(config), nets, d_vars)
+  g_optimizer = training_tf.optimizer_steps(
+      training_tf.gan_optimizer(config), nets, g_vars)
+  d_carry = d_optimizer.begin(d_optimizer_state)
+  g_carry = g_optimizer.begin(g_optimizer_state)
   d_sum = tf.constant(0.0)
   g_sum = tf.constant(0.0)
   steps = tf.constant(0, tf.int32)
@@ -211,18 +215,17 @@ def train_gan(nets: Networks, d_optimizer_state, g_optimizer_state, dataset,
         d_fake = nets.discriminator([tf.stop_gradient(fake), y], training=True)
         d_loss = (_bce(tf.ones_like(d_real), d_real) +
                   _bce(tf.zeros_like(d_fake), d_fake))
-      d_optimizer_state = apply(optimizer, d_optimizer_state, d_vars,
-                                d_tape.gradient(d_loss, d_vars))
+      d_carry = d_optimizer.step(d_carry, d_tape.gradient(d_loss, d_vars))
       with g_tape:
         d_on_fake = nets.discriminator([fake, y], training=True)
         g_loss = _bce(tf.ones_like(d_on_fake), d_on_fake)
-      g_optimizer_state = apply(optimizer, g_optimizer_state, g_vars,
-                                g_tape.gradient(g_loss, g_vars))
+      g_carry = g_optimizer.step(g_carry, g_tape.gradient(g_loss, g_vars))
       d_sum += d_loss
       g_sum += g_loss
       steps += 1
   mean = lambda s: s / tf.maximum(tf.cast(steps, tf.float32), 1.0)
-  return d_optimizer_state, g_optimizer_state, mean(d_sum), mean(g_sum)
+  return (d_optimizer.end(d_carry), g_optimizer.end(g_carry), mean(d_sum),
+          mean(g_sum))
 
 
 def generated_logits(generator, classifier, noise, labels):
