@@ -8,8 +8,8 @@ CI hangs to its time limit). Importing this module arranges that every
 `worker_binary` child of this process is stopped at exit, on SIGTERM/SIGHUP,
 and after Ctrl-C (KeyboardInterrupt unwinds into the same atexit hook).
 A hard crash (abort, SIGKILL) runs no Python at all, so the worker is also
-started with Linux's parent-death signal set: the kernel stops it when the
-thread that started it dies.
+started with Linux's parent-death signal set (through `setpriv`): the kernel
+stops it when the thread that started it dies.
 
 TFF stops a worker with SIGINT and then waits for it without a time limit
 (when its context is garbage-collected, and when it restarts a worker it
@@ -17,14 +17,14 @@ finds unresponsive). A process started in the background by a
 non-interactive shell (CI, `nohup cmd &`) inherits SIGINT *ignored*, and so
 did the workers: a run then hung for ever at its end, in TFF's
 `ServiceManager.__del__`. So workers start with SIGINT at its default
-action, and TFF's SIGINT is followed by SIGKILL if the worker is still alive
-after STOP_TIMEOUT_SECONDS.
+action (`install_handlers`), and TFF's SIGINT is followed by SIGKILL if the
+worker is still alive after STOP_TIMEOUT_SECONDS.
 """
 
 import atexit
-import ctypes
 import gc
 import os
+import shutil
 import signal
 import sys
 import subprocess
@@ -82,24 +82,21 @@ def shutdown_workers(timeout: float = STOP_TIMEOUT_SECONDS) -> int:
   return len(workers)
 
 
-_PR_SET_PDEATHSIG = 1
-# Looked up now, not in the forked child, where loading libraries could
-# deadlock on a lock another thread of this process held at the fork.
-try:
-  _LIBC = ctypes.CDLL(None, use_errno=True)
-  _PRCTL, _SIGNAL = _LIBC.prctl, _LIBC.signal
-except (OSError, AttributeError):
-  _PRCTL = _SIGNAL = None  # Not Linux: the atexit and signal handlers apply.
-_SIG_DFL = 0
+# The kernel's parent-death signal is set by util-linux's `setpriv`, which
+# then execs the worker. Setting it from Python (`preexec_fn`) would make
+# `subprocess` fork this multi-threaded process and run Python in the child
+# before exec: a child doing that aborted during a test run (gRPC's and
+# Python's at-fork handlers run in it), and the parent then waited for ever
+# for a worker that never started. Without `preexec_fn` the child only
+# execs. Without `setpriv` (not Linux), the atexit and signal handlers
+# still stop workers; only a hard crash can leave one behind.
+_SETPRIV = shutil.which('setpriv')
 
 
-def _prepare_worker_child():
-  """In the child before exec: SIGKILL when the parent thread dies, and
-  SIGINT back at its default action (the parent may have inherited it
-  ignored; an exec keeps ignored signals ignored)."""
-  if _PRCTL is not None:
-    _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    _SIGNAL(int(signal.SIGINT), _SIG_DFL)
+def _worker_command(command):
+  if _SETPRIV is None:
+    return command
+  return [_SETPRIV, '--pdeathsig', 'KILL', '--', *command]
 
 
 # A worker runs a round's clients concurrently (one inter-op thread per
@@ -111,16 +108,16 @@ WORKER_ENV_DEFAULTS = {'TF_NUM_INTRAOP_THREADS': '1'}
 
 
 class WorkerPopen(subprocess.Popen):
-  """`subprocess.Popen` that prepares the child (`_prepare_worker_child`)
-  and gives it WORKER_ENV_DEFAULTS for what the environment does not set."""
+  """`subprocess.Popen` of a worker command (a list) with the parent-death
+  signal set (`_worker_command`) and WORKER_ENV_DEFAULTS for what the
+  environment does not set."""
 
-  def __init__(self, *args, **kwargs):
-    kwargs.setdefault('preexec_fn', _prepare_worker_child)
+  def __init__(self, args, **kwargs):
     env = dict(kwargs.get('env') or os.environ)
     for name, value in WORKER_ENV_DEFAULTS.items():
       env.setdefault(name, value)
     kwargs['env'] = env
-    super().__init__(*args, **kwargs)
+    super().__init__(_worker_command(list(args)), **kwargs)
 
 
 def patch_worker_launcher():
@@ -195,14 +192,26 @@ def _disarm_service_managers() -> None:
       cls.__del__ = lambda self: None
 
 
+def _ignore(signum, frame):
+  del signum, frame
+
+
 def install_handlers() -> None:
-  """Stop workers at exit and turn SIGTERM/SIGHUP into a clean exit."""
+  """Stop workers at exit and turn SIGTERM/SIGHUP into a clean exit.
+
+  An ignored SIGINT (background start) becomes a handler that does
+  nothing: this process still ignores it, but an exec resets a handled
+  signal to its default action while it keeps an ignored one ignored, so
+  workers start with SIGINT at its default and TFF can stop them with it.
+  """
   atexit.register(_shutdown_at_exit)
   if threading.current_thread() is not threading.main_thread():
     return  # Signal handlers can only be set from the main thread.
   for sig in (signal.SIGTERM, signal.SIGHUP):
     if signal.getsignal(sig) in (signal.SIG_DFL, None):
       signal.signal(sig, _exit_on_signal)
+  if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, _ignore)
 
 
 def default_concurrency(workers_on_this_machine: int = 1) -> int:
