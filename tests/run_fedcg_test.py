@@ -70,31 +70,6 @@ def test_missing_data_and_taken_output_dir(tmp_path):
   assert (taken / 'metrics.csv').read_text() == 'keep me'
 
 
-def test_tiny_run_end_to_end(tmp_path):
-  data = tmp_path / 'idx'
-  data.mkdir()
-  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
-  out = tmp_path / 'out'
-  rc, stdout, err = _run([
-      f'--output_dir={out}', f'--data_dir={data}', '--num_clients=2',
-      '--train_per_client=16', '--rounds=2', '--local_epochs=1',
-      '--gan_epochs=1', '--server_epochs=1', '--server_steps_per_epoch=2'])
-  assert rc == 0, err[-3000:]
-  assert 'round 1/2' in stdout and 'round 2/2' in stdout and 'ETA' in stdout
-  assert 'task fmnist: 2 clients' in stdout  # The task's description.
-  assert 'test_acc_at_best_val' in stdout and 'mean' in stdout
-  results = json.loads((out / 'results.json').read_text())
-  assert results['rounds_run'] == 2
-  assert len(results['test_accuracy_at_best_val']) == 2
-  definition = json.loads((out / 'run.json').read_text())
-  assert definition['config']['server_steps_per_epoch'] == 2
-  assert definition['run']['rounds'] == 2
-  rows = (out / 'metrics.csv').read_text().splitlines()
-  assert len(rows) == 3
-  assert any(f.startswith('events.out.tfevents')
-             for f in os.listdir(out / 'tensorboard'))
-
-
 def test_flags_list_every_registered_algorithm_and_task():
   from binaries import run_fedcg  # pylint: disable=g-import-not-at-top
   from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
@@ -184,15 +159,32 @@ def reference_run(tmp_path_factory):
   root = tmp_path_factory.mktemp('reference')
   data = _fake_idx(root)
   whole = root / 'whole'
-  rc, _, err = _run([f'--output_dir={whole}', f'--data_dir={data}',
-                     *_TINY_RUN])
+  rc, stdout, err = _run([f'--output_dir={whole}', f'--data_dir={data}',
+                          *_TINY_RUN])
   assert rc == 0, err[-3000:]
-  return data, whole
+  return data, whole, stdout
+
+
+def test_tiny_run_end_to_end(reference_run):
+  _, out, stdout = reference_run
+  assert 'round 1/4' in stdout and 'round 4/4' in stdout and 'ETA' in stdout
+  assert 'task fmnist: 2 clients' in stdout  # The task's description.
+  assert 'test_acc_at_best_val' in stdout and 'mean' in stdout
+  results = json.loads((out / 'results.json').read_text())
+  assert results['rounds_run'] == 4
+  assert len(results['test_accuracy_at_best_val']) == 2
+  definition = json.loads((out / 'run.json').read_text())
+  assert definition['config']['server_steps_per_epoch'] == 2
+  assert definition['run']['rounds'] == 4
+  rows = (out / 'metrics.csv').read_text().splitlines()
+  assert len(rows) == 5
+  assert any(f.startswith('events.out.tfevents')
+             for f in os.listdir(out / 'tensorboard'))
 
 
 def test_two_workers_give_the_same_metrics(reference_run, tmp_path):
   """Also: the run leaves no worker behind."""
-  data, whole = reference_run
+  data, whole, _ = reference_run
   before = _all_workers()
   out = tmp_path / 'two_workers'
   rc, _, err = _run([f'--output_dir={out}', f'--data_dir={data}',
@@ -232,7 +224,7 @@ def _wait_for(path, proc, timeout=300):
 
 def test_killed_run_resumes_to_the_uninterrupted_result(reference_run,
                                                         tmp_path):
-  data, whole = reference_run
+  data, whole, _ = reference_run
   args = [f'--data_dir={data}', *_TINY_RUN]
   broken = tmp_path / 'broken'
   proc = _start(broken, args)
@@ -278,7 +270,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference_run,
 
 def test_sigterm_stops_promptly_leaving_no_child(reference_run, tmp_path):
   """(Resuming is the same as after the SIGKILL above.)"""
-  data, _ = reference_run
+  data, _, _ = reference_run
   termed = tmp_path / 'termed'
   proc = _start(termed, [f'--data_dir={data}', *_TINY_RUN])
   _wait_for(termed / 'checkpoints' / 'round_1', proc)
