@@ -279,6 +279,8 @@ def spread_clients(algorithm, pool) -> None:
   if pool is not None:
     from fedcg_tff import workers  # pylint: disable=g-import-not-at-top
     algorithm.next_round = workers.ShardedRound(algorithm.process.parts, pool)
+    print(f'clients of each round spread over {len(pool)} TFF workers',
+          flush=True)
 # --- End of workers and devices ---------------------------------------------
 
 

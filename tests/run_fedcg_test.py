@@ -187,9 +187,10 @@ def test_two_workers_give_the_same_metrics(reference_run, tmp_path):
   data, whole, _ = reference_run
   before = _all_workers()
   out = tmp_path / 'two_workers'
-  rc, _, err = _run([f'--output_dir={out}', f'--data_dir={data}',
-                     *_TINY_RUN, '--workers=2'])
+  rc, stdout, err = _run([f'--output_dir={out}', f'--data_dir={data}',
+                          *_TINY_RUN, '--workers=2'])
   assert rc == 0, err[-3000:]
+  assert 'spread over 2 TFF workers' in stdout
   assert _all_workers() <= before
   first = _metrics_without_timing(whole)
   assert len(first) == 4 and 'client_1/g_loss' in first[0]
