@@ -20,6 +20,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from fedcg_tff import small_conv
+
 FEATURE_SHAPE = (5, 5, 16)
 IMAGE_SIZE = 32
 LEAKY_SLOPE = 0.2
@@ -49,6 +51,7 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
   `torch.nn.utils.spectral_norm` does). Keras' own `SpectralNormalization`
   wrapper cannot be used: it branches on `training` with a Python `if`, which
   fails on the symbolic tensors of the graph-mode layers TFF builds.
+  Stride-1 VALID convolutions are computed by `small_conv`.
   """
 
   def __init__(self, *args, power_iterations: int = 1, **kwargs):
@@ -78,31 +81,56 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
       u = tf.math.l2_normalize(tf.matmul(v, w))
     return tf.stop_gradient(u), tf.stop_gradient(v)
 
-  def normalized_kernel(self, training: bool = False) -> tf.Tensor:
-    """The kernel divided by its estimated spectral norm.
+  def spectral_norm(self, training: bool = False) -> tf.Tensor:
+    """The estimate u^T W v of the kernel's largest singular value.
 
     With `training=True` the power iteration runs and `u` is updated first.
+    Gradients flow through W (u and v are constants), as in PyTorch.
     """
     w = self._matrix()
     if training:
       u, v = self._power_iteration()
-      update = self.sn_u.assign(u)
-      with tf.control_dependencies([update]):
-        sigma = tf.squeeze(tf.matmul(tf.matmul(v, w), u, transpose_b=True))
-    else:
-      u = self.sn_u
-      v = tf.math.l2_normalize(tf.matmul(u, w, transpose_b=True))
-      sigma = tf.squeeze(tf.matmul(tf.matmul(v, w), u, transpose_b=True))
-    return self.kernel / sigma
+      with tf.control_dependencies([self.sn_u.assign(u)]):
+        return tf.squeeze(tf.matmul(tf.matmul(v, w), u, transpose_b=True))
+    u = self.sn_u
+    v = tf.math.l2_normalize(tf.matmul(u, w, transpose_b=True))
+    return tf.squeeze(tf.matmul(tf.matmul(v, w), u, transpose_b=True))
+
+  def normalized_kernel(self, training: bool = False) -> tf.Tensor:
+    """The kernel divided by its estimated spectral norm (for inspection)."""
+    return self.kernel / self.spectral_norm(training)
 
   def call(self, inputs, training=None):
-    kernel = self.normalized_kernel(training=bool(training))
-    return self.convolution_op(inputs, kernel)
+    # conv(x, W / sigma) == conv(x, W) / sigma: dividing the small output
+    # instead of the kernel (up to 512k weights) saves a kernel-sized division
+    # forwards and several kernel-sized ops in the gradient.
+    sigma = self.spectral_norm(training=bool(training))
+    if small_conv.applies(self):
+      return small_conv.conv2d(inputs, self.kernel) / sigma
+    return self.convolution_op(inputs, self.kernel) / sigma
 
   def get_config(self):
     config = super().get_config()
     config['power_iterations'] = self.power_iterations
     return config
+
+
+class SmallConv2DTranspose(tf.keras.layers.Conv2DTranspose):
+  """A `Conv2DTranspose` computed by `small_conv` where it applies.
+
+  Same weights, names and function as the Keras layer; only faster on the
+  generator's tiny maps (see `small_conv`).
+  """
+
+  def call(self, inputs):
+    if not small_conv.applies(self):
+      return super().call(inputs)
+    outputs = small_conv.conv2d_transpose(inputs, self.kernel)
+    if self.use_bias:
+      outputs = tf.nn.bias_add(outputs, self.bias)
+    if self.activation is not None:
+      outputs = self.activation(outputs)
+    return outputs
 
 
 def build_extractor(channels: int = 1) -> tf.keras.Model:
@@ -151,13 +179,13 @@ def build_generator(num_classes: int = 10,
   x = tf.keras.layers.Reshape((1, 1, noise_dim + num_classes))(x)
   widths = (512, 256, 128)
   for i, filters in enumerate(widths):
-    x = tf.keras.layers.Conv2DTranspose(
+    x = SmallConv2DTranspose(
         filters, 2, use_bias=False,
         kernel_initializer=gan_kernel_init(),
         name=f'deconv{i + 1}')(x)
     x = gan_batch_norm()(x)
     x = tf.keras.layers.LeakyReLU(LEAKY_SLOPE)(x)
-  x = tf.keras.layers.Conv2DTranspose(
+  x = SmallConv2DTranspose(
       FEATURE_SHAPE[-1], 2, use_bias=False, activation='sigmoid',
       kernel_initializer=gan_kernel_init(),
       name=f'deconv{len(widths) + 1}')(x)

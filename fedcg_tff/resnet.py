@@ -75,13 +75,13 @@ def build_generator(num_classes: int = 10,
   x = tf.keras.layers.Reshape((1, 1, noise_dim + num_classes))(x)
   for i, (filters, stride, padding) in enumerate(
       ((512, 1, 'valid'), (256, 1, 'valid'), (128, 2, 'same'))):
-    x = tf.keras.layers.Conv2DTranspose(
+    x = networks.SmallConv2DTranspose(
         filters, 4, stride, padding=padding, use_bias=False,
         kernel_initializer=networks.gan_kernel_init(),
         name=f'deconv{i + 1}')(x)
     x = networks.gan_batch_norm()(x)
     x = tf.keras.layers.LeakyReLU(networks.LEAKY_SLOPE)(x)
-  x = tf.keras.layers.Conv2DTranspose(
+  x = networks.SmallConv2DTranspose(
       FEATURE_SHAPE[-1], 4, 2, padding='same', use_bias=False,
       activation='sigmoid', kernel_initializer=networks.gan_kernel_init(),
       name='deconv4')(x)
