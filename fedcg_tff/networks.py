@@ -106,8 +106,14 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
     # forwards and several kernel-sized ops in the gradient.
     sigma = self.spectral_norm(training=bool(training))
     if small_conv.applies(self):
-      return small_conv.conv2d(inputs, self.kernel) / sigma
-    return self.convolution_op(inputs, self.kernel) / sigma
+      outputs = small_conv.conv2d(inputs, self.kernel) / sigma
+    else:
+      outputs = self.convolution_op(inputs, self.kernel) / sigma
+    if self.use_bias:
+      outputs = tf.nn.bias_add(outputs, self.bias)
+    if self.activation is not None:
+      outputs = self.activation(outputs)
+    return outputs
 
   def get_config(self):
     config = super().get_config()

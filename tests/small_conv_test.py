@@ -66,14 +66,20 @@ def test_applies_only_to_stride_one_valid_convolutions():
       tf.keras.layers.Conv2D(4, 2, dilation_rate=2))
 
 
-@pytest.mark.parametrize('strides,padding', [(1, 'valid'), (2, 'same')])
-def test_spectral_norm_conv_is_conv_by_normalised_kernel(strides, padding):
+@pytest.mark.parametrize('strides,padding,use_bias', [
+    (1, 'valid', False), (2, 'same', False), (1, 'valid', True)])
+def test_spectral_norm_conv_is_conv_by_normalised_kernel(strides, padding,
+                                                         use_bias):
   """Both the small_conv path and Keras' path, in values and gradients."""
   layer = networks.SpectralNormConv2D(16, 2, strides, padding=padding,
-                                      use_bias=False)
+                                      use_bias=use_bias, activation='tanh')
   x = tf.random.stateless_normal([4, 5, 5, 8], [0, 1])
   layer.build(x.shape)
   layer.kernel.assign(tf.random.stateless_normal(layer.kernel.shape, [0, 2]))
+  bias = 0.0
+  if use_bias:
+    layer.bias.assign(tf.random.stateless_normal(layer.bias.shape, [0, 5]))
+    bias = layer.bias
 
   def value_and_grads(fn):
     with tf.GradientTape() as tape:
@@ -83,8 +89,8 @@ def test_spectral_norm_conv_is_conv_by_normalised_kernel(strides, padding):
     return [y] + tape.gradient(loss, [x, layer.kernel])
 
   got = value_and_grads(lambda: layer(x, training=False))
-  want = value_and_grads(lambda: tf.nn.conv2d(
-      x, layer.normalized_kernel(training=False), strides, padding.upper()))
+  want = value_and_grads(lambda: tf.tanh(bias + tf.nn.conv2d(
+      x, layer.normalized_kernel(training=False), strides, padding.upper())))
   _assert_all_close(got, want)
   assert float(tf.reduce_max(tf.abs(want[2]))) > 0.0
 
