@@ -112,7 +112,8 @@ def main():
             f'{_cpu_ms_per_step(ours, x, kernel):6.3f}')
   epoch = _gan_epoch_cpu_seconds()
   print('GAN epoch (2000 images, batch 8), median CPU s: '
-        f'Keras layers {epoch["keras"]:.2f}, small_conv {epoch["small_conv"]:.2f}')
+        f'Keras layers {epoch["keras"]:.2f}, '
+        f'small_conv {epoch["small_conv"]:.2f}')
 
 
 if __name__ == '__main__':

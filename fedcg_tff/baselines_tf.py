@@ -51,6 +51,22 @@ class Baseline:
   upload_update: bool = False
 
   @property
+  def client_networks(self) -> tuple[str, ...]:
+    """The networks a client's step builds (`training_tf.Networks`)."""
+    return ('extractor', 'classifier') + (
+        ('generator',) if self.server_generator else ())
+
+  @property
+  def server_networks(self) -> tuple[str, ...]:
+    """The networks the server's step and initial state build."""
+    names = set(self.shared)
+    if self.server_distillation:
+      names |= {'extractor', 'classifier'}
+    if self.server_generator:
+      names |= {'generator', 'classifier'}
+    return tuple(n for n in training_tf.NETWORK_NAMES if n in names)
+
+  @property
   def communicates(self) -> bool:
     return bool(self.shared)
 
@@ -146,7 +162,7 @@ def _server_trainables(nets: Networks, baseline: Baseline):
 def initial_server_state(config: FedCGConfig, baseline: Baseline,
                          aggregator_state) -> ServerState:
   """Global networks drawn from `config.seed`, round 0."""
-  nets = Networks(config)
+  nets = Networks(config, baseline.server_networks)
   seed = tf.constant(config.seed, tf.int64)
   trainables = _server_trainables(nets, baseline)
   return ServerState(
@@ -164,7 +180,7 @@ def initial_server_state(config: FedCGConfig, baseline: Baseline,
 
 def initial_client_state(config: FedCGConfig, seed) -> ClientState:
   """A client's E, C and optimizer state, drawn from `seed` (int64)."""
-  nets = Networks(config)
+  nets = Networks(config, ('extractor', 'classifier'))
   seed = tf.cast(seed, tf.int64)
   return ClientState(
       extractor=networks.sample_initial_weights(nets.extractor, seed),

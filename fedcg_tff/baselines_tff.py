@@ -116,7 +116,8 @@ def build_baseline_process(
   baseline = _with_updates(_baseline(algorithm), upload_updates)
   if baseline.server_distillation and not server_images_path:
     raise ValueError('feddf needs server_images_path (unlabeled server data)')
-  nets = lambda: baselines_tf.Networks(config)
+  client_nets = lambda: baselines_tf.Networks(config, baseline.client_networks)
+  server_nets = lambda: baselines_tf.Networks(config, baseline.server_networks)
   data_type = process_tff.data_type(config)
   client_state_type = init_client_computation(config).type_signature.result
 
@@ -154,8 +155,8 @@ def build_baseline_process(
                               client_state_type, data_type)
   def client_update(message, state, dataset):
     with devices.scope():
-      return baselines_tf.client_update(nets(), baseline, message, state,
-                                        dataset)
+      return baselines_tf.client_update(client_nets(), baseline, message,
+                                        state, dataset)
 
   collect = (process_tff.build_collect(upload_type)
              if baseline.collects_client_models else None)
@@ -164,7 +165,7 @@ def build_baseline_process(
     @tff.tensorflow.computation(server_state_type, aggregator_state_type,
                                 upload_type)
     def server_update(state, aggregator_state, averaged):
-      return baselines_tf.server_update(nets(), baseline, state,
+      return baselines_tf.server_update(server_nets(), baseline, state,
                                         aggregator_state, averaged)
 
   else:
@@ -178,7 +179,7 @@ def build_baseline_process(
       images = (_read_server_images(server_images_path, config)
                 if baseline.server_distillation else None)
       return baselines_tf.server_update(
-          nets(), baseline, state, aggregator_state, averaged, values,
+          server_nets(), baseline, state, aggregator_state, averaged, values,
           weights, images)
 
   parameter_types = process_tff.next_parameter_types(
@@ -219,8 +220,9 @@ def _build_local_process(config, baseline, initialize, server_state_type,
   @tff.tensorflow.computation(client_state_type, data_type)
   def client_update(state, dataset):
     with devices.scope():
-      output = baselines_tf.client_update(baselines_tf.Networks(config),
-                                          baseline, None, state, dataset)
+      output = baselines_tf.client_update(
+          baselines_tf.Networks(config, baseline.client_networks), baseline,
+          None, state, dataset)
     # Nothing is uploaded: the round's parts keep the common shape with an
     # empty upload and a zero weight that the server's step ignores.
     return baselines_tf.ClientOutput(state=output.state, upload=(),

@@ -19,6 +19,9 @@ from fedcg_tff import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.training_tf import Networks
 
+# The networks of the server's step and state: the shared G_g and C_g.
+SERVER_NETWORKS = ('classifier', 'generator')
+
 # ---------------------------------------------------------------------------
 # State and message structures.
 
@@ -96,7 +99,7 @@ class ServerMetrics:
 
 def initial_server_state(config: FedCGConfig, aggregator_state) -> ServerState:
   """G_g and C_g drawn from `config.seed`, a fresh server optimizer, round 0."""
-  nets = Networks(config)
+  nets = Networks(config, SERVER_NETWORKS)
   seed = tf.constant(config.seed, tf.int64)
   trainable = (nets.generator.trainable_weights +
                nets.classifier.trainable_weights)

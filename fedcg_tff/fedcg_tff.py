@@ -111,8 +111,8 @@ class FedCGComputations:
       noise, labels = zy
       with devices.scope():
         return fedcg_tf.server_update(
-            fedcg_tf.Networks(config), state, aggregator_state, averaged,
-            noise, labels)
+            fedcg_tf.Networks(config, fedcg_tf.SERVER_NETWORKS), state,
+            aggregator_state, averaged, noise, labels)
 
     self.server_update = server_update
 

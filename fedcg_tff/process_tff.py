@@ -71,7 +71,8 @@ def build_evaluation(config: FedCGConfig,
   @tff.tensorflow.computation(client_state_type, seq, seq)
   def evaluate_client(state, val_data, test_data):
     return training_tf.evaluate_classifier(
-        training_tf.Networks(config), state.extractor, state.classifier,
+        training_tf.Networks(config, ('extractor', 'classifier')),
+        state.extractor, state.classifier,
         val_data, test_data)
 
   @tff.federated_computation(

@@ -1,5 +1,6 @@
 """Adam inside training loops: TF's fused kernel gives what
-`tff.learning.optimizers`' functional Adam gives, bit for bit."""
+`tff.learning.optimizers`' functional Adam gives, bit for bit. Networks
+builds only the networks asked for."""
 
 import numpy as np
 import pytest
@@ -18,6 +19,19 @@ def _functional(optimizer, nets, variables, weight_decay=0.0):
 
 def _leaves(structure):
   return [np.asarray(t) for t in tf.nest.flatten(structure)]
+
+
+def test_networks_builds_only_the_named_networks():
+  nets = training_tf.Networks(FedCGConfig(), ('classifier', 'extractor'))
+  assert nets.extractor.name == 'extractor'
+  assert nets.model('classifier').name == 'classifier'
+  with pytest.raises(AttributeError, match='without the generator'):
+    nets.generator  # pylint: disable=pointless-statement
+  # Moments exist for the built networks' weights only.
+  assert len(nets._moments) == len(nets.extractor.trainable_variables +
+                                   nets.classifier.trainable_variables)
+  with pytest.raises(ValueError, match='encoder'):
+    training_tf.Networks(FedCGConfig(), ('encoder',))
 
 
 @pytest.mark.parametrize('weight_decay', [0.0, 1e-2])
