@@ -105,12 +105,13 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
     # instead of the kernel (up to 512k weights) saves a kernel-sized division
     # forwards and several kernel-sized ops in the gradient.
     sigma = self.spectral_norm(training=bool(training))
-    if small_conv.applies(self):
+    if small_conv.applies(self, inputs):
       outputs = small_conv.conv2d(inputs, self.kernel) / sigma
     else:
       outputs = self.convolution_op(inputs, self.kernel) / sigma
     if self.use_bias:
-      outputs = tf.nn.bias_add(outputs, self.bias)
+      outputs = tf.nn.bias_add(outputs, self.bias,
+                               data_format=self._tf_data_format)
     if self.activation is not None:
       outputs = self.activation(outputs)
     return outputs
@@ -129,7 +130,7 @@ class SmallConv2DTranspose(tf.keras.layers.Conv2DTranspose):
   """
 
   def call(self, inputs):
-    if not small_conv.applies(self):
+    if not small_conv.applies(self, inputs):
       return super().call(inputs)
     outputs = small_conv.conv2d_transpose(inputs, self.kernel)
     if self.use_bias:

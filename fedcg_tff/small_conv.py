@@ -13,15 +13,18 @@ Both functions compute exactly the convolution of `tf.nn.conv2d` /
 `tf.nn.conv2d_transpose` with stride 1, VALID padding and no dilation (the
 same sums, accumulated in another order, so results agree to float rounding),
 and their gradients are TensorFlow's own gradients of slices, pads and
-`MatMul`. `applies` says when a Keras layer's configuration allows them.
+`MatMul`. `applies` says when a Keras layer and its input allow them.
 """
 
 import tensorflow as tf
 
 
-def applies(layer: tf.keras.layers.Layer) -> bool:
-  """Whether `layer` is a stride-1, VALID, undilated, ungrouped NHWC conv."""
-  return (layer.strides == (1, 1) and layer.padding == 'valid' and
+def applies(layer: tf.keras.layers.Layer, inputs) -> bool:
+  """Whether `layer` is a stride-1, VALID, undilated, ungrouped NHWC conv
+  and `inputs` have a known height and width (the windows are cut at trace
+  time)."""
+  return (inputs.shape[1:3].is_fully_defined() and
+          layer.strides == (1, 1) and layer.padding == 'valid' and
           layer.dilation_rate == (1, 1) and
           getattr(layer, 'groups', 1) == 1 and
           layer.data_format == 'channels_last')

@@ -45,6 +45,8 @@ class Networks:
   """
 
   def __init__(self, config: FedCGConfig, names=NETWORK_NAMES):
+    if isinstance(names, str):
+      raise TypeError(f'names must be a sequence of names, got {names!r}')
     unknown = set(names) - set(NETWORK_NAMES)
     if unknown:
       raise ValueError(f'Unknown networks {sorted(unknown)}; '

@@ -103,6 +103,23 @@ def _ours_and_oracle(algorithm, mu=0.0):
   return got, oracle.get_model_weights(state).trainable
 
 
+@pytest.mark.parametrize('name,client,server', [
+    ('local', ('extractor', 'classifier'), ()),
+    ('fedavg', ('extractor', 'classifier'), ('extractor', 'classifier')),
+    ('fedprox', ('extractor', 'classifier'), ('extractor', 'classifier')),
+    ('fedsplit', ('extractor', 'classifier'), ('classifier',)),
+    ('feddf', ('extractor', 'classifier'), ('extractor', 'classifier')),
+    ('fedgen', ('extractor', 'classifier', 'generator'),
+     ('classifier', 'generator')),
+])
+def test_each_side_builds_only_the_networks_it_uses(name, client, server):
+  baseline = baselines_tf.BASELINES[name]
+  assert baseline.client_networks == client
+  assert baseline.server_networks == server
+  # With updates uploaded (DP) the server still holds the shared networks.
+  updates = dataclasses.replace(baseline, upload_update=True)
+  assert updates.server_networks == server
+
 def test_fedavg_matches_tff_learning():
   ours, oracle = _ours_and_oracle('fedavg')
   _assert_all_close(ours, oracle, atol=1e-5)

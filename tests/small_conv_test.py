@@ -57,20 +57,38 @@ def test_conv2d_transpose_matches_tf(n, h, w, c_in, kh, kw, c_out):
           x, kernel))
 
 
-def test_applies_only_to_stride_one_valid_convolutions():
-  assert small_conv.applies(tf.keras.layers.Conv2D(4, 2))
-  assert small_conv.applies(tf.keras.layers.Conv2DTranspose(4, 2))
-  assert not small_conv.applies(tf.keras.layers.Conv2D(4, 2, strides=2))
-  assert not small_conv.applies(tf.keras.layers.Conv2D(4, 2, padding='same'))
+def test_applies_only_to_stride_one_valid_convolutions_of_known_maps():
+  x = tf.zeros([2, 5, 5, 3])
+  assert small_conv.applies(tf.keras.layers.Conv2D(4, 2), x)
+  assert small_conv.applies(tf.keras.layers.Conv2DTranspose(4, 2), x)
+  assert not small_conv.applies(tf.keras.layers.Conv2D(4, 2, strides=2), x)
   assert not small_conv.applies(
-      tf.keras.layers.Conv2D(4, 2, dilation_rate=2))
+      tf.keras.layers.Conv2D(4, 2, padding='same'), x)
+  assert not small_conv.applies(
+      tf.keras.layers.Conv2D(4, 2, dilation_rate=2), x)
+  assert not small_conv.applies(
+      tf.keras.layers.Conv2DTranspose(4, 2, dilation_rate=2), x)
+  assert not small_conv.applies(tf.keras.layers.Conv2D(4, 2),
+                                tf.keras.Input((None, None, 3)))
 
 
-@pytest.mark.parametrize('strides,padding,use_bias', [
-    (1, 'valid', False), (2, 'same', False), (1, 'valid', True)])
+def test_layers_take_maps_of_unknown_size():
+  """Keras' path then: the windows need a static height and width."""
+  x = tf.keras.Input((None, None, 3))
+  y = networks.SpectralNormConv2D(4, 2, use_bias=False)(x, training=True)
+  y = networks.SmallConv2DTranspose(5, 2, use_bias=False)(y)
+  model = tf.keras.Model(x, y)
+  assert model(tf.zeros([2, 6, 7, 3])).shape == (2, 6, 7, 5)
+
+
+@pytest.mark.parametrize('strides,padding,use_bias,training', [
+    (1, 'valid', False, False), (2, 'same', False, False),
+    (1, 'valid', True, False), (1, 'valid', False, True),
+    (2, 'same', False, True)])
 def test_spectral_norm_conv_is_conv_by_normalised_kernel(strides, padding,
-                                                         use_bias):
-  """Both the small_conv path and Keras' path, in values and gradients."""
+                                                         use_bias, training):
+  """Both the small_conv path and Keras' path, in values and gradients; in
+  training both sides start from the same u and take one power step."""
   layer = networks.SpectralNormConv2D(16, 2, strides, padding=padding,
                                       use_bias=use_bias, activation='tanh')
   x = tf.random.stateless_normal([4, 5, 5, 8], [0, 1])
@@ -88,24 +106,40 @@ def test_spectral_norm_conv_is_conv_by_normalised_kernel(strides, padding,
       loss = tf.reduce_sum(tf.sin(y) * y)
     return [y] + tape.gradient(loss, [x, layer.kernel])
 
-  got = value_and_grads(lambda: layer(x, training=False))
+  u = tf.constant(layer.sn_u)
+  got = value_and_grads(lambda: layer(x, training=training))
+  u_after = tf.constant(layer.sn_u)
+  layer.sn_u.assign(u)
   want = value_and_grads(lambda: tf.tanh(bias + tf.nn.conv2d(
-      x, layer.normalized_kernel(training=False), strides, padding.upper())))
+      x, layer.normalized_kernel(training=training), strides,
+      padding.upper())))
   _assert_all_close(got, want)
+  np.testing.assert_array_equal(layer.sn_u.numpy(), u_after.numpy())
+  assert training != np.array_equal(u_after.numpy(), u.numpy())
   assert float(tf.reduce_max(tf.abs(want[2]))) > 0.0
 
 
-@pytest.mark.parametrize('strides,padding', [(1, 'valid'), (2, 'same')])
-def test_small_conv_transpose_layer_matches_keras_layer(strides, padding):
-  kwargs = dict(filters=6, kernel_size=2, strides=strides, padding=padding,
-                use_bias=True, activation='sigmoid')
-  ours = networks.SmallConv2DTranspose(**kwargs)
-  keras = tf.keras.layers.Conv2DTranspose(**kwargs)
-  x = tf.random.stateless_normal([3, 4, 4, 5], [0, 3])
-  ours.build(x.shape)
-  keras.build(x.shape)
-  for v in (ours.kernel, ours.bias):
+@pytest.mark.parametrize('strides,padding,kernel_size', [
+    (1, 'valid', (2, 3)), (2, 'same', 2)])
+def test_small_conv_transpose_layer_matches_keras_layer(strides, padding,
+                                                        kernel_size):
+  """In a functional model (batch unknown), values and gradients."""
+  kwargs = dict(filters=6, kernel_size=kernel_size, strides=strides,
+                padding=padding, use_bias=True, activation='sigmoid')
+  inputs = tf.keras.Input((4, 5, 5))
+  ours = tf.keras.Model(inputs, networks.SmallConv2DTranspose(**kwargs)(inputs))
+  keras = tf.keras.Model(inputs,
+                         tf.keras.layers.Conv2DTranspose(**kwargs)(inputs))
+  for v in ours.weights:
     v.assign(tf.random.stateless_normal(v.shape, [0, 4]))
   keras.set_weights(ours.get_weights())
-  np.testing.assert_allclose(ours(x).numpy(), keras(x).numpy(), rtol=1e-5,
-                             atol=1e-6)
+  x = tf.random.stateless_normal([3, 4, 5, 5], [0, 3])
+
+  def value_and_grads(model):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = model(x)
+      loss = tf.reduce_sum(tf.sin(3.0 * y) * y)
+    return [y] + tape.gradient(loss, [x] + model.trainable_weights)
+
+  _assert_all_close(value_and_grads(ours), value_and_grads(keras))

@@ -32,6 +32,8 @@ def test_networks_builds_only_the_named_networks():
                                    nets.classifier.trainable_variables)
   with pytest.raises(ValueError, match='encoder'):
     training_tf.Networks(FedCGConfig(), ('encoder',))
+  with pytest.raises(TypeError, match='sequence of names'):
+    training_tf.Networks(FedCGConfig(), 'extractor')
 
 
 @pytest.mark.parametrize('weight_decay', [0.0, 1e-2])
