@@ -65,18 +65,21 @@ def _gan_epoch_cpu_seconds(repeats=5):
     return layer.convolution_op(inputs, kernel)
 
   epochs = {}
-  for name in ('small_conv', 'keras'):
-    if name == 'keras':  # Traced with the layers' former computation.
-      networks.SpectralNormConv2D.call = keras_sn_call
-      networks.SmallConv2DTranspose.call = tf.keras.layers.Conv2DTranspose.call
-    nets = fedcg_tf.Networks(config)
-    state = fedcg_tf.initial_client_state(config, 1)
-    epochs[name] = tf.function(
-        lambda nets=nets, state=state: fedcg_tf.train_gan(
-            nets, state.discriminator_optimizer, state.generator_optimizer,
-            dataset, state.seed, 0))
-    epochs[name]()  # Trace.
-  networks.SpectralNormConv2D.call, networks.SmallConv2DTranspose.call = ours
+  try:
+    for name in ('small_conv', 'keras'):
+      if name == 'keras':  # Traced with the layers' former computation.
+        networks.SpectralNormConv2D.call = keras_sn_call
+        networks.SmallConv2DTranspose.call = (
+            tf.keras.layers.Conv2DTranspose.call)
+      nets = fedcg_tf.Networks(config)
+      state = fedcg_tf.initial_client_state(config, 1)
+      epochs[name] = tf.function(
+          lambda nets=nets, state=state: fedcg_tf.train_gan(
+              nets, state.discriminator_optimizer, state.generator_optimizer,
+              dataset, state.seed, 0))
+      epochs[name]()  # Trace.
+  finally:
+    networks.SpectralNormConv2D.call, networks.SmallConv2DTranspose.call = ours
   times = {name: [] for name in epochs}
   for _ in range(repeats):  # Interleaved: this VM's speed drifts.
     for name, epoch in epochs.items():

@@ -42,6 +42,16 @@ def gan_batch_norm():
   )
 
 
+def _bias_and_activation(layer: tf.keras.layers.Layer, outputs):
+  """What a Keras conv layer applies after its convolution."""
+  if layer.use_bias:
+    data_format = layer._tf_data_format  # pylint: disable=protected-access
+    outputs = tf.nn.bias_add(outputs, layer.bias, data_format=data_format)
+  if layer.activation is not None:
+    outputs = layer.activation(outputs)
+  return outputs
+
+
 class SpectralNormConv2D(tf.keras.layers.Conv2D):
   """A `Conv2D` whose kernel is divided by its largest singular value.
 
@@ -109,12 +119,7 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
       outputs = small_conv.conv2d(inputs, self.kernel) / sigma
     else:
       outputs = self.convolution_op(inputs, self.kernel) / sigma
-    if self.use_bias:
-      outputs = tf.nn.bias_add(outputs, self.bias,
-                               data_format=self._tf_data_format)
-    if self.activation is not None:
-      outputs = self.activation(outputs)
-    return outputs
+    return _bias_and_activation(self, outputs)
 
   def get_config(self):
     config = super().get_config()
@@ -132,12 +137,8 @@ class SmallConv2DTranspose(tf.keras.layers.Conv2DTranspose):
   def call(self, inputs):
     if not small_conv.applies(self, inputs):
       return super().call(inputs)
-    outputs = small_conv.conv2d_transpose(inputs, self.kernel)
-    if self.use_bias:
-      outputs = tf.nn.bias_add(outputs, self.bias)
-    if self.activation is not None:
-      outputs = self.activation(outputs)
-    return outputs
+    return _bias_and_activation(
+        self, small_conv.conv2d_transpose(inputs, self.kernel))
 
 
 def build_extractor(channels: int = 1) -> tf.keras.Model:
