@@ -196,17 +196,56 @@ def test_what_crosses_placements(algorithm, tmp_path):
 # Each baseline, end to end.
 
 
+def _equal(a, b):
+  return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
 def test_local_trains_alone():
-  driver, server0, clients0, metrics = _run('local')
+  driver, _, clients0, metrics = _run('local')
   assert int(driver.server_state.round_num) == 1
   assert driver.server_state.shared == {}
   assert not any(k.startswith('server/') for k in metrics)
-  # Every client trained from its own initialisation: they stay different.
+  # Every client trained on its own data from the shared start: they moved
+  # apart.
   for before, after in zip(clients0, driver.client_states):
     assert not np.allclose(before.extractor[0], after.extractor[0])
   assert not np.allclose(driver.client_states[0].classifier[0],
                          driver.client_states[1].classifier[0])
-  del server0
+
+
+@pytest.mark.parametrize('client_init', ['shared', 'private'])
+def test_client_init(client_init):
+  """shared: every client starts from the server's initial E and C (one
+  draw of the run seed); private: each client's E from its own seed, C
+  still the server's."""
+  config = dataclasses.replace(TINY, client_init=client_init)
+  init = process_tff.build_client_state_initializer(
+      baselines_tff.init_client_computation(config))
+  a, b = init(process_tff.client_seeds(config, 2))
+  server = baselines_tf.initial_server_state(
+      config, baselines_tf.BASELINES['fedavg'], ())
+  assert _equal(a.classifier, server.shared['classifier'])
+  assert _equal(b.classifier, server.shared['classifier'])
+  if client_init == 'shared':
+    assert _equal(a.extractor, server.shared['extractor'])
+    assert _equal(b.extractor, server.shared['extractor'])
+  else:
+    assert not np.allclose(a.extractor[0], b.extractor[0])
+    assert not np.allclose(a.extractor[0], server.shared['extractor'][0])
+  assert int(a.seed) != int(b.seed)
+
+
+def test_first_round_is_the_same_for_local_fedavg_and_fedsplit():
+  """Under shared init every client starts round 1 from the same E and C
+  whether they come from its state (Local, FedSplit's E) or the broadcast
+  (FedAvg), so the three train identically in round 1, as the published
+  code's Local and FedAvg do."""
+  local = _run('local')[0].client_states
+  for algorithm in ('fedavg', 'fedsplit'):
+    other = _run(algorithm)[0].client_states
+    for a, b in zip(local, other):
+      assert _equal(a.extractor, b.extractor), algorithm
+      assert _equal(a.classifier, b.classifier), algorithm
 
 
 def test_fedavg_server_takes_weighted_mean_of_clients():
@@ -285,11 +324,16 @@ def test_collect_gathers_every_client_with_its_weight():
 
 
 def _confident_classifiers(nets, seeds, scale=20.0):
-  """Client classifiers whose ensemble gives sharp, disagreeing logits."""
+  """Client classifiers whose ensemble gives sharp, disagreeing logits that
+  depend on the features: the hidden layers are widened too, since at their
+  initial +-1/sqrt(fan_in) the sigmoids sit near 0.5 whatever the
+  features."""
   out = []
   for s in seeds:
     weights = list(networks.sample_initial_weights(
         nets.classifier, tf.constant(s, tf.int64)))
+    weights[0] = weights[0] * 8.0
+    weights[2] = weights[2] * 3.0
     weights[-2] = weights[-2] * scale
     out.append(tuple(weights))
   return out

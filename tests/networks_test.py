@@ -95,6 +95,44 @@ def test_spectral_norm_u_only_moves_in_training():
   assert not np.allclose(layer.sn_u.numpy(), u0)
 
 
+# fan_in of each LeNet layer of E and C (inputs of one output unit).
+_FAN_IN = {'conv1': 5 * 5 * 1, 'conv2': 5 * 5 * 6, 'fc1': 400, 'fc2': 120,
+           'logits': 84}
+
+
+@pytest.mark.parametrize('draw', ['keras', 'stateless'])
+def test_extractor_and_classifier_follow_pytorch_default_init(draw):
+  """Kernel and bias of every conv and dense layer of E and C uniform in
+  +-1/sqrt(fan_in), as PyTorch's Conv2d / Linear leave them (published
+  code), both as Keras builds them and as `sample_initial_weights` (what
+  every run uses) redraws them."""
+  pooled = []  # Every value divided by its layer's bound.
+  for model in (networks.build_extractor(1), networks.build_classifier(10)):
+    values = (model.weights if draw == 'keras' else
+              networks.sample_initial_weights(model, tf.constant(7, tf.int64)))
+    for variable, value in zip(model.weights, values):
+      layer, kind = variable.name.split('/')[:2]
+      bound = 1.0 / np.sqrt(_FAN_IN[layer])
+      value = np.asarray(value)
+      assert np.abs(value).max() <= bound, variable.name
+      if value.size >= 400:  # Large enough to test the spread itself.
+        assert np.abs(value).max() > 0.95 * bound, variable.name
+        assert value.std() == pytest.approx(bound / np.sqrt(3), rel=0.1), (
+            variable.name)
+      assert value.std() > 0, variable.name  # Biases too are random.
+      pooled.append(value.ravel() / bound)
+  pooled = np.concatenate(pooled)  # Uniform in [-1, 1] as a whole.
+  assert pooled.mean() == pytest.approx(0.0, abs=0.01)
+  assert pooled.std() == pytest.approx(1 / np.sqrt(3), rel=0.02)
+  # Biases alone (6 to 120 values a layer): the same distribution.
+  biases = np.concatenate([
+      w.numpy().ravel() * np.sqrt(_FAN_IN[w.name.split('/')[0]])
+      for m in (networks.build_extractor(1), networks.build_classifier(10))
+      for w in m.weights if 'bias' in w.name])
+  assert len(biases) == 6 + 16 + 120 + 84 + 10
+  assert biases.std() == pytest.approx(1 / np.sqrt(3), rel=0.15)
+
+
 def test_gan_init_distributions():
   g = networks.build_generator()
   kernel = g.get_layer('deconv2').kernel.numpy()
@@ -125,7 +163,7 @@ def test_sample_initial_weights_seeded(builder):
     name = v.name
     if 'moving_variance' in name:
       np.testing.assert_array_equal(t.numpy(), 1.0)
-    elif 'bias' in name or 'beta' in name or 'moving_mean' in name:
+    elif 'beta' in name or 'moving_mean' in name:
       np.testing.assert_array_equal(t.numpy(), 0.0)
 
 
