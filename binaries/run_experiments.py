@@ -21,13 +21,12 @@ images in `<output_dir>/tensorboard` are written.
 
 import os
 import shlex
-import subprocess
-import sys
 import time
 
 from absl import app
 from absl import flags
 
+from binaries import launch
 from fedcg_tff.names import ALGORITHMS, TASKS
 
 flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run.')
@@ -76,17 +75,13 @@ def main(argv):
           for s in seeds]
   failed = []
   started = time.monotonic()
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      p for p in (root, os.environ.get('PYTHONPATH')) if p))
   for n, (task, algorithm, seed) in enumerate(runs, 1):
     directory = run_dir(task, algorithm, seed)
     label = f'[{n}/{len(runs)}] {task} {algorithm} seed {seed}'
     print(f'{label}: {directory}', flush=True)
-    command = [sys.executable, '-m', 'binaries.run_fedcg',
-               f'--algorithm={algorithm}', f'--task={task}', f'--seed={seed}',
-               f'--output_dir={directory}', *extra]
-    code = subprocess.call(command, env=env)
+    code = launch.run_fedcg([f'--algorithm={algorithm}', f'--task={task}',
+                             f'--seed={seed}', f'--output_dir={directory}',
+                             *extra])
     if code:
       failed.append((label, code))
       print(f'{label}: failed with exit code {code}', flush=True)

@@ -26,7 +26,7 @@ from absl import flags
 from absl import logging
 
 from fedcg_tff import runtime  # Before TFF starts a worker: clean shutdown.
-from fedcg_tff.config import CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
+from fedcg_tff.config import CLIENT_INITS, CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
 from fedcg_tff.names import ALGORITHMS, DP_ALGORITHMS, TASKS
 
 _DEFAULTS = FedCGConfig()
@@ -63,6 +63,12 @@ flags.DEFINE_enum('distance', _DEFAULTS.distance, list(DISTANCES),
 flags.DEFINE_integer('gamma_ramp_rounds', _DEFAULTS.gamma_ramp_rounds,
                      'Rounds until the gamma ramp reaches ~1.')
 flags.DEFINE_integer('seed', _DEFAULTS.seed, 'Seed of partition, init, noise.')
+flags.DEFINE_enum('client_init', _DEFAULTS.client_init, list(CLIENT_INITS),
+                  'shared: every client starts from the same networks, drawn '
+                  'from --seed, as the server\'s G and C are (the published '
+                  'code; the server then knows each client\'s initial E). '
+                  'private: each client draws its private E and D from its '
+                  'own seed.')
 flags.DEFINE_enum('client_optimizer', _DEFAULTS.client_optimizer,
                   list(CLIENT_OPTIMIZERS),
                   'Client optimizer of E and C (sgd: no momentum).')
@@ -477,6 +483,7 @@ def main(argv):
   tracker = result.tracker
   summary = {
       'algorithm': FLAGS.algorithm,
+      'client_init': config.client_init,
       'task': FLAGS.task,
       'client_names': list(task.client_names),
       'rounds_run': result.rounds_run,

@@ -32,8 +32,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
-import sys
 import time
 
 from absl import app
@@ -44,12 +42,15 @@ from absl import logging
 # ("'SymbolicTensor' object has no attribute 'node'").
 import tensorflow as tf
 
+from binaries import launch
 from fedcg_tff import runtime  # pylint: disable=unused-import  # Before TFF loads: clean exit.
 from fedcg_tff.names import PRIVACY_ALGORITHMS, TASKS
 
-flags.DEFINE_list('algorithms', ['fedavg', 'fedavg_dp', 'fedsplit', 'fedcg'],
+flags.DEFINE_list('algorithms', ['fedavg', 'fedavg_dp', 'fedsplit',
+                                 'fedsplit_private', 'fedcg', 'fedcg_private'],
                   f'Threat models to attack, of {PRIVACY_ALGORITHMS}; '
-                  'fedavg_dp gives one row per --dp_sigma.')
+                  'fedavg_dp gives one row per --dp_sigma; a *_private row '
+                  'attacks (and trains) with --client_init=private.')
 flags.DEFINE_list('dp_sigma', ['0.001', '0.1'],
                   'Noise stds of the fedavg_dp rows (the paper\'s 0.001 and '
                   '0.1).')
@@ -98,7 +99,17 @@ FLAGS = flags.FLAGS
 # run_fedcg flags this binary sets itself for --train_dir runs.
 _OWNED = ('algorithm', 'output_dir', 'seed', 'task', 'data_dir',
           'data_source', 'num_clients', 'train_per_client', 'dp_sigma',
-          'dp_clip', 'dp_delta')
+          'dp_clip', 'dp_delta', 'client_init')
+
+
+def trained_as(threat: str) -> tuple[str, str]:
+  """(`run_fedcg --algorithm`, `--client_init`) of a row's training run
+  (privacy_tf.threat_model's naming, without importing TensorFlow)."""
+  if threat == 'fedavg_dp':
+    return 'fedavg', 'shared'
+  if threat.endswith('_private'):
+    return threat[:-len('_private')], 'private'
+  return threat, 'shared'
 
 
 def _positive(name):
@@ -188,15 +199,12 @@ def _check_flags() -> dict[str, str]:
 def train(names_to_train: list[tuple[str, str, float]]) -> dict[str, str]:
   """Runs run_fedcg for each row into <train_dir>/<name>; returns the
   results.json of each finished run."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      p for p in (root, os.environ.get('PYTHONPATH')) if p))
   found = {}
   for n, (name, threat, sigma) in enumerate(names_to_train, 1):
     directory = os.path.join(os.path.abspath(FLAGS.train_dir), name)
-    algorithm = 'fedavg' if threat == 'fedavg_dp' else threat
-    command = [sys.executable, '-m', 'binaries.run_fedcg',
-               f'--algorithm={algorithm}', f'--seed={FLAGS.seed}',
+    algorithm, client_init = trained_as(threat)
+    command = [f'--algorithm={algorithm}', f'--client_init={client_init}',
+               f'--seed={FLAGS.seed}',
                f'--task={FLAGS.task}', f'--output_dir={directory}']
     for flag in ('data_dir', 'data_source', 'num_clients',
                  'train_per_client'):
@@ -206,9 +214,9 @@ def train(names_to_train: list[tuple[str, str, float]]) -> dict[str, str]:
       command += [f'--dp_sigma={sigma!r}', f'--dp_clip={FLAGS.dp_clip!r}',
                   f'--dp_delta={FLAGS.dp_delta!r}']
     command += shlex.split(FLAGS.train_flags)
-    print(f'[train {n}/{len(names_to_train)}] {name}: '
-          f'{shlex.join(command[1:])}', flush=True)
-    code = subprocess.call(command, env=env)
+    print(f'[train {n}/{len(names_to_train)}] {name}: run_fedcg '
+          f'{shlex.join(command)}', flush=True)
+    code = launch.run_fedcg(command)
     if code:
       raise SystemExit(f'training run {name} failed with exit code {code} '
                        f'({directory}); rerun to resume it')
@@ -221,11 +229,16 @@ def accuracy_of(name: str, threat: str, sigma: float, path: str) -> dict:
   run of another algorithm or noise than the row's."""
   with open(path) as f:
     result = json.load(f)
-  algorithm = 'fedavg' if threat == 'fedavg_dp' else threat
+  algorithm, client_init = trained_as(threat)
   if result.get('algorithm') != algorithm:
     raise app.UsageError(f'--results: {path} is a run of '
                          f'{result.get("algorithm")!r}, not {algorithm!r} '
                          f'(row {name})')
+  # Runs older than --client_init drew each client's networks privately.
+  run_init = result.get('client_init', 'private')
+  if algorithm in ('fedsplit', 'fedcg') and run_init != client_init:
+    raise app.UsageError(f'--results: {path} was trained with client_init '
+                         f'{run_init!r}, row {name} needs {client_init!r}')
   run_sigma = result.get('dp', {}).get('dp_sigma', 0.0)
   if not math.isclose(run_sigma, sigma):
     raise app.UsageError(f'--results: {path} was trained with dp_sigma '

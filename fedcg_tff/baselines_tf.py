@@ -163,12 +163,10 @@ def initial_server_state(config: FedCGConfig, baseline: Baseline,
                          aggregator_state) -> ServerState:
   """Global networks drawn from `config.seed`, round 0."""
   nets = Networks(config, baseline.server_networks)
-  seed = tf.constant(config.seed, tf.int64)
   trainables = _server_trainables(nets, baseline)
   return ServerState(
-      shared={name: networks.sample_initial_weights(nets.model(name), seed)
-              for name in baseline.shared},
-      generator=(networks.sample_initial_weights(nets.generator, seed)
+      shared={name: nets.initial_weights(name) for name in baseline.shared},
+      generator=(nets.initial_weights('generator')
                  if baseline.server_generator else ()),
       optimizer_state=(() if trainables is None else
                        training_tf.initial_optimizer_state(
@@ -179,12 +177,13 @@ def initial_server_state(config: FedCGConfig, baseline: Baseline,
 
 
 def initial_client_state(config: FedCGConfig, seed) -> ClientState:
-  """A client's E, C and optimizer state, drawn from `seed` (int64)."""
+  """A client's E, C and optimizer state; `seed` (int64) is the client's
+  private seed (`Networks.initial_weights`)."""
   nets = Networks(config, ('extractor', 'classifier'))
   seed = tf.cast(seed, tf.int64)
   return ClientState(
-      extractor=networks.sample_initial_weights(nets.extractor, seed),
-      classifier=networks.sample_initial_weights(nets.classifier, seed),
+      extractor=nets.initial_weights('extractor', seed),
+      classifier=nets.initial_weights('classifier', seed),
       optimizer=training_tf.initial_optimizer_state(
           training_tf.classification_optimizer(config),
           nets.extractor.trainable_weights +

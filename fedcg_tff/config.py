@@ -11,6 +11,13 @@ import math
 
 DISTANCES = ('mse', 'cos', 'none')
 CLIENT_OPTIMIZERS = ('adam', 'sgd')
+# Where the clients' initial networks come from (FedCGConfig.client_init).
+CLIENT_INITS = ('shared', 'private')
+# The networks `client_init='private'` draws from each client's own seed:
+# those that never leave the client (its extractor E_i and discriminator
+# D_i). Shared networks (C, G) always start from the run's seed, as the
+# server's copies do.
+PRIVATE_NETWORKS = ('extractor', 'discriminator')
 # Seeds go into numpy and TensorFlow seeds and into per-client seeds
 # (seed * 1000 + i): kept to a range every one of them takes.
 MAX_SEED = 2**31 - 1
@@ -47,6 +54,12 @@ class FedCGConfig:
   # The gamma ramp reaches ~1 after this many rounds: p = min(round / n, 1).
   gamma_ramp_rounds: int = 50
   seed: int = 1
+  # 'shared' (the published code): every client's E, C and D and the
+  # server's G and C are one draw from `seed`, so all clients start from the
+  # same networks and the server knows each client's initial E. 'private':
+  # each client draws its E and D from its own seed, as a deployment would
+  # that keeps E_i from the server from the start.
+  client_init: str = 'shared'
   # Optimizer of E and C on the clients (every algorithm). The published code
   # uses Adam; 'sgd' (plain, no momentum) is what tff.learning's FedAvg runs.
   client_optimizer: str = 'adam'
@@ -92,6 +105,9 @@ class FedCGConfig:
     if self.client_optimizer not in CLIENT_OPTIMIZERS:
       raise ValueError(f'client_optimizer must be one of {CLIENT_OPTIMIZERS}, '
                        f'got {self.client_optimizer!r}')
+    if self.client_init not in CLIENT_INITS:
+      raise ValueError(f'client_init must be one of {CLIENT_INITS}, '
+                       f'got {self.client_init!r}')
     if self.model not in MODELS:
       raise ValueError(f'model must be one of {MODELS}, got {self.model!r}')
     if self.distance not in DISTANCES:

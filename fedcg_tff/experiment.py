@@ -14,8 +14,16 @@ A round's metrics are released before its state is saved: a crash between
 the two redoes that round on resume, and the CSV release manager replaces
 rows from the redone round on, so every round appears once.
 
-Rounds are numbered from 1 in everything a user reads (progress lines, the
-CSV and TensorBoard step, the final table); algorithms get 0-based indices.
+ROUND_NUMBERING, the one place it is defined:
+* Everything a user reads counts rounds from 1: progress lines, the
+  `round` column of metrics.csv, TensorBoard steps, `best_round` in the
+  final table and results.json, `checkpoints/round_<n>` (n rounds done).
+* The algorithms get the 0-based index r = round - 1: `run_round(r)`, the
+  `round_num` of every server state (the round about to run), and so every
+  noise draw keyed by round and FedCG's gamma ramp p = min(r / 50, 1),
+  which makes gamma 0 in round 1 as in the published code.
+* The published code prints that 0-based index: its round r is our round
+  r + 1 (benchmarks/compare_with_original.py compares the two that way).
 """
 
 import asyncio

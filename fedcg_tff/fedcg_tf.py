@@ -32,7 +32,7 @@ class ServerState:
   classifier: Any  # C_g weights.
   optimizer_state: Any  # Adam state over the trainable weights of G_g, C_g.
   aggregator_state: Any  # State of the tff.aggregators process.
-  round_num: Any  # int32 scalar: the round about to run (0-based).
+  round_num: Any  # int32: the round about to run, 0-based (ROUND_NUMBERING).
 
 
 @attrs.define(frozen=True)
@@ -98,14 +98,14 @@ class ServerMetrics:
 
 
 def initial_server_state(config: FedCGConfig, aggregator_state) -> ServerState:
-  """G_g and C_g drawn from `config.seed`, a fresh server optimizer, round 0."""
+  """G_g and C_g drawn from `config.seed`, a fresh server optimizer, round 0
+  (`round_num` is 0-based: experiment.ROUND_NUMBERING)."""
   nets = Networks(config, SERVER_NETWORKS)
-  seed = tf.constant(config.seed, tf.int64)
   trainable = (nets.generator.trainable_weights +
                nets.classifier.trainable_weights)
   return ServerState(
-      generator=networks.sample_initial_weights(nets.generator, seed),
-      classifier=networks.sample_initial_weights(nets.classifier, seed),
+      generator=nets.initial_weights('generator'),
+      classifier=nets.initial_weights('classifier'),
       optimizer_state=training_tf.initial_optimizer_state(
           training_tf.server_optimizer(config), trainable),
       aggregator_state=aggregator_state,
@@ -114,15 +114,17 @@ def initial_server_state(config: FedCGConfig, aggregator_state) -> ServerState:
 
 
 def initial_client_state(config: FedCGConfig, seed) -> ClientState:
-  """A client's E, C, D and optimizer states, drawn from `seed` (int64)."""
+  """A client's E, C, D and optimizer states; `seed` (int64) is the
+  client's private seed (noise, and E and D under `client_init='private'`:
+  `Networks.initial_weights`)."""
   nets = Networks(config)
   seed = tf.cast(seed, tf.int64)
   ec = nets.extractor.trainable_weights + nets.classifier.trainable_weights
   init = training_tf.initial_optimizer_state
   return ClientState(
-      extractor=networks.sample_initial_weights(nets.extractor, seed),
-      classifier=networks.sample_initial_weights(nets.classifier, seed),
-      discriminator=networks.sample_initial_weights(nets.discriminator, seed),
+      extractor=nets.initial_weights('extractor', seed),
+      classifier=nets.initial_weights('classifier', seed),
+      discriminator=nets.initial_weights('discriminator', seed),
       classification_optimizer=init(
           training_tf.classification_optimizer(config), ec),
       discriminator_optimizer=init(
@@ -139,7 +141,9 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
 
 
 def gamma_ramp(round_num, ramp_rounds: int = 50):
-  """gamma = 2 / (1 + exp(-10 p)) - 1 with p = min(round / ramp_rounds, 1)."""
+  """gamma = 2 / (1 + exp(-10 p)) - 1 with p = min(round_num / ramp_rounds,
+  1), `round_num` the 0-based round index (experiment.ROUND_NUMBERING): 0 in
+  the first round."""
   p = tf.minimum(tf.cast(round_num, tf.float32) / float(ramp_rounds), 1.0)
   return 2.0 / (1.0 + tf.exp(-10.0 * p)) - 1.0
 

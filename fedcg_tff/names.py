@@ -12,4 +12,5 @@ TASKS = ('fmnist', 'fmnist_shift', 'cifar10', 'digit5', 'office_caltech10',
 # applies to.
 DP_ALGORITHMS = ('fedavg', 'fedprox', 'fedsplit')
 # fedcg_tff.privacy_tf.THREAT_MODEL_NAMES: `run_privacy_attack --algorithms`.
-PRIVACY_ALGORITHMS = ('fedavg', 'fedprox', 'fedavg_dp', 'fedsplit', 'fedcg')
+PRIVACY_ALGORITHMS = ('fedavg', 'fedprox', 'fedavg_dp', 'fedsplit',
+                      'fedsplit_private', 'fedcg', 'fedcg_private')

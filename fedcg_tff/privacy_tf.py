@@ -27,16 +27,28 @@ the original DLG attack does not address.
             own noise, a function of the data only through the private D and
             E, so the attack does not use it. The attacker holds G and C.
 
-Where E is private (fedsplit, fedcg) the attacker must stand in for it. It
-uses a fresh extractor: the same public architecture, drawn from the same
-initialisation distribution with a seed of its own. At round 1 the client's
-E_i is exactly such a draw (from the client's private seed), so without the
-seed a fresh draw is the attacker's best available guess of E_i; fitting a
-stand-in to the shared generator would need images of the client's
-classes, which this attacker does not have. (C's gradient does give the
-attacker the features E_i(x) of a single image exactly, from the first
-dense layer's kernel and bias gradients; what E_i hides is the map from
-features back to pixels.)
+Where E is private (fedsplit, fedcg), what the attacker knows of it depends
+on how the clients' networks were initialised (`FedCGConfig.client_init`):
+
+  fedsplit, fedcg        shared init (the default, as the published code):
+                         every client starts from the networks drawn from
+                         the run's seed, which the server knows (it draws
+                         its own G and C from it). At round 1 the attacker
+                         therefore holds the client's E_i exactly, by
+                         drawing it itself; it receives nothing more.
+  fedsplit_private,      private init: E_i is drawn from the client's own
+  fedcg_private          seed. The attacker stands in for it with a fresh
+                         extractor, the same public architecture drawn from
+                         the same initialisation distribution with a seed of
+                         its own: at round 1 that is its best available
+                         guess short of the client's seed (fitting a
+                         stand-in to the shared generator would need images
+                         of the client's classes, which it does not have).
+
+(C's gradient gives the attacker the features E_i(x) of a single image
+exactly either way, from the first dense layer's kernel and bias gradients;
+what E_i hides is the map from features back to pixels, and under shared
+init at round 1 it hides nothing.)
 
 The DLG attack (Zhu et al., 2019). Dummy images x' (and, unless inferred,
 dummy soft labels) start at random and are optimised so that the gradient
@@ -93,20 +105,35 @@ class ThreatModel:
   dp_sigma: float = 0.0  # Gaussian mechanism on the gradient (0: none).
   dp_clip: float = 0.0
   statement: str = ''
+  # The training run's `client_init`: with 'shared', a private E_i starts as
+  # the public draw from the run's seed, which the attacker can make itself.
+  client_init: str = 'shared'
 
   @property
   def private_extractor(self) -> bool:
+    """Whether E_i is never sent to the server."""
     return 'extractor' not in self.holds
+
+  @property
+  def knows_initial_extractor(self) -> bool:
+    """Whether the attacker can draw E_i's round-1 weights itself."""
+    return self.private_extractor and self.client_init == 'shared'
 
   @property
   def label(self) -> str:
     """A human name: 'FedAvg DP 0.1'."""
     base = {'fedavg': 'FedAvg', 'fedprox': 'FedProx', 'fedsplit': 'FedSplit',
             'fedcg': 'FedCG'}[self.algorithm]
-    return f'{base} DP {self.dp_sigma:g}' if self.dp_sigma else base
+    if self.dp_sigma:
+      return f'{base} DP {self.dp_sigma:g}'
+    if self.private_extractor:
+      return f'{base} ({self.client_init} init)'
+    return base
 
 
-THREAT_MODEL_NAMES = ('fedavg', 'fedprox', 'fedavg_dp', 'fedsplit', 'fedcg')
+THREAT_MODEL_NAMES = ('fedavg', 'fedprox', 'fedavg_dp', 'fedsplit',
+                      'fedsplit_private', 'fedcg', 'fedcg_private')
+PRIVATE_INIT_SUFFIX = '_private'
 
 _STATEMENTS = {
     'fedavg': 'the gradient of E and C for one batch; holds E and C',
@@ -115,11 +142,19 @@ _STATEMENTS = {
     'fedavg_dp': 'the gradient of E and C for one batch, clipped to L2 norm '
                  '{clip:g} and noised with N(0, {sigma:g}^2) per coordinate '
                  '(TF Privacy GaussianSumQuery); holds E and C',
-    'fedsplit': 'the gradient of C only; holds C; E is private (stand-in: a '
-                'fresh extractor)',
+    'fedsplit': 'the gradient of C only; holds C; E is private but starts '
+                'as the public draw from the run\'s seed (shared init), '
+                'which the attacker makes itself',
+    'fedsplit_private': 'the gradient of C only; holds C; E is private and '
+                        'drawn from the client\'s own seed (private init; '
+                        'stand-in: a fresh extractor)',
     'fedcg': 'the gradient of C and the weights of G and C only (G\'s update '
              'depends on the data only through the private D and E); E is '
-             'private (stand-in: a fresh extractor)',
+             'private but starts as the public draw from the run\'s seed '
+             '(shared init), which the attacker makes itself',
+    'fedcg_private': 'the gradient of C and the weights of G and C only; E '
+                     'is private and drawn from the client\'s own seed '
+                     '(private init; stand-in: a fresh extractor)',
 }
 
 
@@ -139,11 +174,13 @@ def threat_model(name: str, dp_sigma: float = 0.0,
                        _STATEMENTS[name].format(clip=dp_clip, sigma=dp_sigma))
   if name in ('fedavg', 'fedprox'):
     return ThreatModel(name, name, _EC, _EC, statement=_STATEMENTS[name])
-  if name == 'fedsplit':
-    return ThreatModel(name, name, ('classifier',), ('classifier',),
-                       statement=_STATEMENTS[name])
-  return ThreatModel(name, name, ('classifier',), ('generator', 'classifier'),
-                     statement=_STATEMENTS[name])
+  algorithm, client_init = name, 'shared'
+  if name.endswith(PRIVATE_INIT_SUFFIX):
+    algorithm, client_init = name[:-len(PRIVATE_INIT_SUFFIX)], 'private'
+  holds = (('classifier',) if algorithm == 'fedsplit' else
+           ('generator', 'classifier'))
+  return ThreatModel(name, algorithm, ('classifier',), holds,
+                     statement=_STATEMENTS[name], client_init=client_init)
 
 
 # ---------------------------------------------------------------------------
@@ -164,20 +201,20 @@ def round_one_networks(config: FedCGConfig, threat: ThreatModel,
   """The networks a client trains in round 1 under `threat.algorithm`: the
   server's initial networks (drawn from `config.seed`, as every algorithm's
   `initial_server_state` draws them) for what is shared, and the client's
-  own initial extractor (from `client_seed`, as its initial client state)
-  where E is private."""
-  seed = tf.constant(config.seed, tf.int64)
-  numpy = lambda values: tuple(np.asarray(v) for v in values)
-  draw = lambda model, s: numpy(networks.sample_initial_weights(model, s))
-  extractor = models.build_extractor(config.model, config.image_channels)
-  classifier = models.build_classifier(config.model, config.num_classes)
-  generator = models.build_generator(config.model, config.num_classes,
-                                     config.noise_dim)
-  e_seed = (tf.constant(client_seed, tf.int64) if threat.private_extractor
-            else seed)
-  return ClientNetworks(extractor=draw(extractor, e_seed),
-                        classifier=draw(classifier, seed),
-                        generator=draw(generator, seed))
+  own initial extractor where E is private: the same public draw under
+  shared init, a draw from `client_seed` under private init (as
+  `training_tf.Networks.initial_weights` draws a client's state)."""
+  e_seed = (client_seed if threat.private_extractor and
+            threat.client_init == 'private' else config.seed)
+  draw = lambda build, s: tuple(np.asarray(v) for v in (
+      networks.sample_initial_weights(build(), tf.constant(s, tf.int64))))
+  return ClientNetworks(
+      extractor=draw(lambda: models.build_extractor(
+          config.model, config.image_channels), e_seed),
+      classifier=draw(lambda: models.build_classifier(
+          config.model, config.num_classes), config.seed),
+      generator=draw(lambda: models.build_generator(
+          config.model, config.num_classes, config.noise_dim), config.seed))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,8 +322,9 @@ def infer_labels(observation: Observation) -> np.ndarray:
 
 
 def stand_in_extractor(config: FedCGConfig, seed: int) -> tuple:
-  """A fresh extractor drawn from the initialisation distribution with the
-  attacker's own `seed` (the stand-in for a private E)."""
+  """An extractor drawn from the initialisation distribution with `seed`:
+  the attacker's own seed gives its stand-in for a private E, the run's
+  seed the public initial E of shared init."""
   model = models.build_extractor(config.model, config.image_channels)
   return tuple(np.asarray(v) for v in networks.sample_initial_weights(
       model, tf.constant(seed, tf.int64)))
@@ -413,12 +451,16 @@ def dlg_attack(config: FedCGConfig, observation: Observation,
   (`config`), the public range of the normalised inputs (`value_range`:
   per-channel lows and highs, from `input_range`) and its own choices
   (`options`; `stand_in_seed`, the seed of the stand-in extractor used when
-  E is private, default the run's seed + STAND_IN_SEED_OFFSET).
+  E is private and drawn from the client's seed, default the run's seed +
+  STAND_IN_SEED_OFFSET). Where E is private but the clients' initial
+  networks are shared, the attacker draws E from the run's seed itself.
   """
   options = options.validate()
   started = time.monotonic()
   threat = observation.threat
-  if threat.private_extractor:
+  if threat.knows_initial_extractor:  # The public draw: the true E_i.
+    extractor_weights = stand_in_extractor(config, config.seed)
+  elif threat.private_extractor:
     seed = (config.seed + STAND_IN_SEED_OFFSET if stand_in_seed is None
             else stand_in_seed)
     extractor_weights = stand_in_extractor(config, seed)

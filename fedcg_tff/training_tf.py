@@ -22,7 +22,7 @@ from tensorflow_federated.python.learning.optimizers import sgdm
 
 from fedcg_tff import models
 from fedcg_tff import networks
-from fedcg_tff.config import FedCGConfig
+from fedcg_tff.config import PRIVATE_NETWORKS, FedCGConfig
 
 
 @attrs.define(frozen=True)
@@ -94,6 +94,21 @@ class Networks:
   def adam_moments(self, variables):
     """The (first, second) moment variables of each of `variables`."""
     return [self._moments[v.ref()] for v in variables]
+
+  def initial_weights(self, name: str, client_seed=None) -> tuple:
+    """Initial weights of network `name` for the server (no `client_seed`)
+    or for the client whose private seed is `client_seed` (int64 tensor).
+
+    Every network is drawn from the run's seed, so the clients' copies equal
+    each other and the server's (`client_init='shared'`, the published
+    code), except that with `client_init='private'` a client draws its
+    private networks (`config.PRIVATE_NETWORKS`) from its own seed.
+    """
+    seed = tf.constant(self.config.seed, tf.int64)
+    if (client_seed is not None and self.config.client_init == 'private' and
+        name in PRIVATE_NETWORKS):
+      seed = tf.cast(client_seed, tf.int64)
+    return networks.sample_initial_weights(self.model(name), seed)
 
 
 # ---------------------------------------------------------------------------

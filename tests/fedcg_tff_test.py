@@ -1,5 +1,6 @@
 """The TFF layer: placements, the federated teacher, rounds end to end."""
 
+import dataclasses
 
 import attrs
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedcg_tff import algorithms
 from fedcg_tff import experiment
 from fedcg_tff import fedcg_tf
 from fedcg_tff import fedcg_tff as fedcg
@@ -72,11 +74,51 @@ def test_leak_check_catches_a_leaky_computation(init_clients):
   assert _leaks(leaky) == ['federated_mean']
 
 
-def test_client_initializer_is_seeded(init_clients):
-  a, b, c = init_clients([3, 3, 4])
-  np.testing.assert_array_equal(a.extractor[0], b.extractor[0])
-  assert not np.allclose(a.extractor[0], c.extractor[0])
-  assert int(a.seed) == 3 and int(c.seed) == 4
+def _equal(a, b):
+  return all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_shared_client_init_starts_every_client_from_the_servers_networks(
+    init_clients):
+  a, b = init_clients([3, 4])
+  server = fedcg_tf.initial_server_state(TINY, ())
+  for name in ('extractor', 'classifier', 'discriminator'):
+    assert _equal(getattr(a, name), getattr(b, name)), name
+  assert _equal(a.classifier, server.classifier)
+  # The draw is the run seed's: another run seed gives other networks.
+  other = fedcg_tf.initial_client_state(dataclasses.replace(TINY, seed=2), 3)
+  assert not np.allclose(a.extractor[0], other.extractor[0])
+  # Each client keeps its own noise seed.
+  assert int(a.seed) == 3 and int(b.seed) == 4
+
+
+def test_private_client_init_draws_e_and_d_from_the_clients_seed():
+  config = dataclasses.replace(TINY, client_init='private')
+  init = process_tff.build_client_state_initializer(
+      fedcg.init_client_computation(config))
+  a, again, b = init([3, 3, 4])
+  for name in ('extractor', 'discriminator'):
+    assert _equal(getattr(a, name), getattr(again, name)), name  # Seeded.
+    assert not np.allclose(getattr(a, name)[0], getattr(b, name)[0]), name
+  # C is shared: every client starts from the server's C_g.
+  server = fedcg_tf.initial_server_state(config, ())
+  assert _equal(a.classifier, b.classifier)
+  assert _equal(a.classifier, server.classifier)
+
+
+def test_first_round_equals_locals_under_shared_init():
+  """As in the published code: with the same initial networks and gamma = 0
+  in round 1, FedCG's stage 1 is Local's training, so every client's E and C
+  after round 1 (what the evaluation scores) are Local's."""
+  data = [_client_data(16, 1), _client_data(24, 2)]
+  fedcg_run = algorithms.build('fedcg', TINY, 2)
+  local_run = algorithms.build('local', TINY, 2)
+  fedcg_metrics = fedcg_run.run_round(0, data)
+  local_run.run_round(0, data)
+  assert fedcg_metrics['mean/gamma'] == 0.0
+  for ours, local in zip(fedcg_run.client_states, local_run.client_states):
+    assert _equal(ours.extractor, local.extractor)
+    assert _equal(ours.classifier, local.classifier)
 
 
 def test_teacher_by_federated_mean_equals_direct_ensemble(init_clients):
@@ -137,10 +179,11 @@ def test_two_rounds_end_to_end(process, init_clients):
     assert all(np.isfinite(float(v)) for m in metrics.clients
                for v in attrs.astuple(m))
     assert float(metrics.server.distill_kl) > 0
-    # The clients used the ramp's gamma for this round: 0, then ~0.0997.
+    # The ramp's gamma of this round (p = round index / 50): 0 in the first
+    # round, as in the published code; 2 / (1 + e^-0.2) - 1 in the second.
     for m in metrics.clients:
-      assert float(m.gamma) == pytest.approx(
-          float(fedcg_tf.gamma_ramp(round_num, 50)), abs=1e-6)
+      assert float(m.gamma) == pytest.approx([0.0, 0.099668][round_num],
+                                             abs=1e-6)
   # The private pieces of every client's state moved; its seed did not.
   for n, before, after in zip([16, 24, 32], initial, client_states):
     for name in ('extractor', 'discriminator'):

@@ -79,8 +79,16 @@ def test_dp_noise_of_std_0_1_drops_the_recovery(unprotected):
 
 def test_fedcg_attacker_recovers_little_through_a_stand_in_extractor(
     unprotected):
-  psnr, _, _ = _attack('fedcg')
+  psnr, _, _ = _attack('fedcg_private')
   assert psnr < unprotected[0] - 10.0
+
+
+def test_shared_init_gives_the_fedcg_attacker_the_true_extractor():
+  """Under shared init the round-1 E_i is the public draw, so C's gradient
+  alone leads back to the image."""
+  psnr, _, _ = _attack('fedcg')
+  stand_in, _, _ = _attack('fedcg_private')
+  assert psnr > 20.0 and psnr > stand_in + 10.0, (psnr, stand_in)
 
 
 def test_adam_option_runs_and_keeps_the_input_range():
@@ -126,7 +134,8 @@ def _holds_any(arrays, weights):
              for a in arrays for w in weights)
 
 
-@pytest.mark.parametrize('name', ['fedcg', 'fedsplit'])
+@pytest.mark.parametrize('name', ['fedcg', 'fedsplit', 'fedcg_private',
+                                  'fedsplit_private'])
 def test_private_extractor_threat_models_see_no_extractor_weights(name):
   threat = privacy_tf.threat_model(name)
   client = privacy_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
@@ -137,15 +146,24 @@ def test_private_extractor_threat_models_see_no_extractor_weights(name):
   extractor_shapes = {w.shape for w in client.extractor}
   assert not any(a.shape in extractor_shapes for a in _arrays(observation))
   assert not _holds_any(_arrays(observation), client.extractor)
-  # The client's own E, not the server's (what fedavg would share) ...
-  shared = privacy_tf.round_one_networks(
+  public = privacy_tf.round_one_networks(
       CONFIG, privacy_tf.threat_model('fedavg'), CLIENT_SEED)
-  assert not np.array_equal(client.extractor[0], shared.extractor[0])
-  # ... and the attacker's stand-in is another draw.
   stand_in = privacy_tf.stand_in_extractor(
       CONFIG, CONFIG.seed + privacy_tf.STAND_IN_SEED_OFFSET)
   assert not np.array_equal(stand_in[0], client.extractor[0])
-  if name == 'fedcg':
+  if name.endswith('_private'):
+    # The client's own E, not the server's (what fedavg would share).
+    assert not threat.knows_initial_extractor
+    assert not np.array_equal(client.extractor[0], public.extractor[0])
+  else:
+    # Shared init: E_i starts as the public draw, which the attacker makes
+    # itself (the run's seed), not something it receives.
+    assert threat.knows_initial_extractor
+    assert all(np.array_equal(a, b)
+               for a, b in zip(client.extractor, public.extractor))
+    assert all(np.array_equal(a, b) for a, b in zip(
+        client.extractor, privacy_tf.stand_in_extractor(CONFIG, CONFIG.seed)))
+  if name.startswith('fedcg'):
     assert set(observation.weights) == {'generator', 'classifier'}
 
 
@@ -332,7 +350,8 @@ def test_binary_writes_table_2_grid_and_tensorboard(tmp_path):
   assert '[fedcg 2/2] PSNR' in proc.stdout
   table = (out / 'privacy.md').read_text()
   assert '| FedAvg | 62.50 (3 rounds) |' in table
-  assert '| FedAvg DP 0.1 | — |' in table and '| FedCG | — |' in table
+  assert '| FedAvg DP 0.1 | — |' in table
+  assert '| FedCG (shared init) | — |' in table
   assert 'For scale, constant images score: black' in table
   with open(out / 'privacy.csv') as f:
     rows = list(csv.DictReader(f))
@@ -348,8 +367,16 @@ def test_binary_writes_table_2_grid_and_tensorboard(tmp_path):
 @pytest.mark.parametrize('args, message', [
     (['--num_images=3', '--attack_batch_size=2'], '--num_images=3'),
     (['--results=fedsplit=/nonexistent.json'], '--results'),
+    # A shared-init FedCG run cannot stand for the private-init row.
+    (['--algorithms=fedcg_private', '--results=fedcg_private={shared_run}'],
+     "trained with client_init 'shared', row fedcg_private needs 'private'"),
 ])
 def test_binary_names_the_bad_flag(tmp_path, args, message):
+  shared_run = tmp_path / 'results.json'
+  shared_run.write_text(json.dumps({
+      'algorithm': 'fedcg', 'client_init': 'shared', 'rounds_run': 1,
+      'mean_test_accuracy_at_best_val': 0.5}))
+  args = [a.format(shared_run=shared_run) for a in args]
   proc = _binary(f'--output_dir={tmp_path / "out"}', *args)
   assert proc.returncode != 0
   assert message in proc.stderr
