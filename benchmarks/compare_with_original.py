@@ -13,7 +13,7 @@ accuracy at each client's best-validation round so far) at the rounds the
 original was measured at, the original's figure, and the difference.
 
 The published code numbers its first round 0 and we number it 1
-(fedcg_tff/experiment.py, ROUND_NUMBERING): its round r is our round r + 1,
+(fedcg_tff/program/round_loop.py, ROUND_NUMBERING): its round r is our round r + 1,
 and the tables name rounds the original's way.
 
 The original's figures were measured with its code at seed 1 (issue 15);

@@ -15,10 +15,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from fedcg_tff import fedcg_tf
-from fedcg_tff import networks
-from fedcg_tff import small_conv
+from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.models import layers
+from fedcg_tff.models import small_conv
 
 BATCH = 8
 REPEATS = 50
@@ -58,7 +58,7 @@ def _gan_epoch_cpu_seconds(repeats=5):
       rng.normal(size=(2000, 32, 32, 1)).astype(np.float32),
       rng.integers(0, 10, 2000).astype(np.int32))).batch(
           config.batch_size).cache()
-  ours = (networks.SpectralNormConv2D.call, networks.SmallConv2DTranspose.call)
+  ours = (layers.SpectralNormConv2D.call, layers.SmallConv2DTranspose.call)
 
   def keras_sn_call(layer, inputs, training=None):
     kernel = layer.normalized_kernel(training=bool(training))
@@ -68,10 +68,10 @@ def _gan_epoch_cpu_seconds(repeats=5):
   try:
     for name in ('small_conv', 'keras'):
       if name == 'keras':  # Traced with the layers' former computation.
-        networks.SpectralNormConv2D.call = keras_sn_call
-        networks.SmallConv2DTranspose.call = (
+        layers.SpectralNormConv2D.call = keras_sn_call
+        layers.SmallConv2DTranspose.call = (
             tf.keras.layers.Conv2DTranspose.call)
-      nets = fedcg_tf.Networks(config)
+      nets = fedcg_tf.PartyNetworks(config)
       state = fedcg_tf.initial_client_state(config, 1)
       epochs[name] = tf.function(
           lambda nets=nets, state=state: fedcg_tf.train_gan(
@@ -79,7 +79,7 @@ def _gan_epoch_cpu_seconds(repeats=5):
               dataset, state.seed, 0))
       epochs[name]()  # Trace.
   finally:
-    networks.SpectralNormConv2D.call, networks.SmallConv2DTranspose.call = ours
+    layers.SpectralNormConv2D.call, layers.SmallConv2DTranspose.call = ours
   times = {name: [] for name in epochs}
   for _ in range(repeats):  # Interleaved: this VM's speed drifts.
     for name, epoch in epochs.items():

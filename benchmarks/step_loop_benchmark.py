@@ -15,8 +15,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from fedcg_tff import fedcg_tf
-from fedcg_tff import training_tf
+from fedcg_tff.algorithms import fedcg_tf
+from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 
 
@@ -36,7 +36,7 @@ def main():
   x = rng.normal(size=(2000, 32, 32, 1)).astype(np.float32)
   y = rng.integers(0, 10, 2000).astype(np.int32)
   dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(config.batch_size)
-  nets = fedcg_tf.Networks(config)
+  nets = fedcg_tf.PartyNetworks(config)
   state = fedcg_tf.initial_client_state(config, 1)
   server = fedcg_tf.initial_server_state(config, ())
   noise, labels = fedcg_tf.distillation_inputs(config, 0)
@@ -50,7 +50,7 @@ def main():
   teacher = tf.function(lambda: fedcg_tf.generated_logits(
       nets.generator, nets.classifier, noise, labels))
   logits = teacher()
-  server_nets = fedcg_tf.Networks(config)
+  server_nets = fedcg_tf.PartyNetworks(config)
   distill = tf.function(lambda: fedcg_tf.distill(
       server_nets, server.optimizer_state, noise, labels, logits))
 

@@ -39,7 +39,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from fedcg_tff import runtime
+from fedcg_tff.execution import runtime
 
 flags.DEFINE_integer('clients', 4, 'Number of FMNIST clients.')
 flags.DEFINE_integer('train_per_client', 2000, 'Training images per client.')
@@ -103,22 +103,22 @@ def layer_flops(model) -> float:
 def forward_flops(config) -> dict[str, float]:
   """Forward FLOPs per example of each network (see `layer_flops`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import models  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.models import families  # pylint: disable=g-import-not-at-top
   # In a graph of their own, as inside TFF's computations (building them
   # eagerly after TFF is imported fails in Keras' functional API).
   with tf.Graph().as_default():
-    return _forward_flops(models, config)
+    return _forward_flops(families, config)
 
 
-def _forward_flops(models, config):
+def _forward_flops(families, config):
   return {
-      'extractor': layer_flops(models.build_extractor(
+      'extractor': layer_flops(families.build_extractor(
           config.model, config.image_channels)),
-      'classifier': layer_flops(models.build_classifier(
+      'classifier': layer_flops(families.build_classifier(
           config.model, config.num_classes)),
-      'generator': layer_flops(models.build_generator(
+      'generator': layer_flops(families.build_generator(
           config.model, config.num_classes, config.noise_dim)),
-      'discriminator': layer_flops(models.build_discriminator(
+      'discriminator': layer_flops(families.build_discriminator(
           config.model, config.num_classes)),
   }
 
@@ -159,9 +159,10 @@ def main(argv):
       raise app.UsageError(f'--{name} must be >= 1, got {FLAGS[name].value}')
 
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import fedcg_tff  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import process_tff  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import workers  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.algorithms import fedcg_process_tff  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.algorithms import round_tff  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import driver  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.execution import workers  # pylint: disable=g-import-not-at-top
   from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
   from tasks import fmnist  # pylint: disable=g-import-not-at-top
   from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
@@ -199,14 +200,14 @@ def main(argv):
         f'{FLAGS.local_epochs} + {FLAGS.gan_epochs} epochs, '
         f'{FLAGS.server_steps} distillation steps, {len(pool)} worker(s)',
         flush=True)
-  process = fedcg_tff.build_fedcg_process(config, timed=True)
-  comps = fedcg_tff.FedCGComputations(config, tff.aggregators.MeanFactory())
-  init_clients = process_tff.build_client_state_initializer(
-      fedcg_tff.init_client_computation(config))
-  evaluate = process_tff.build_evaluation(
-      config, fedcg_tff.init_client_computation(config).type_signature.result)
+  process = fedcg_process_tff.build_fedcg_process(config, timed=True)
+  comps = fedcg_process_tff.FedCGComputations(config, tff.aggregators.MeanFactory())
+  init_clients = round_tff.build_client_state_initializer(
+      fedcg_process_tff.init_client_computation(config))
+  evaluate = round_tff.build_evaluation(
+      config, fedcg_process_tff.init_client_computation(config).type_signature.result)
   server_state = process.initialize()
-  states = list(init_clients(process_tff.client_seeds(config, FLAGS.clients)))
+  states = list(init_clients(driver.client_seeds(config, FLAGS.clients)))
   val, test = task.val_datasets(), task.test_datasets()
 
   rows = []

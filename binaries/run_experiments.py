@@ -99,7 +99,7 @@ def write_reports(runs) -> None:
   # Imported here: TensorFlow starts only once the runs are done.
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import report  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
 
   results = []
   for task, algorithm, seed in runs:

@@ -25,8 +25,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from fedcg_tff import runtime  # Before TFF starts a worker: clean shutdown.
 from fedcg_tff.config import CLIENT_INITS, CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
+from fedcg_tff.execution import runtime  # Before TFF starts a worker: clean shutdown.
 from fedcg_tff.names import ALGORITHMS, DP_ALGORITHMS, TASKS
 
 _DEFAULTS = FedCGConfig()
@@ -154,11 +154,11 @@ def _check_run_flags():
 
 def load_task(config: FedCGConfig):
   """The task the flags name; errors name the flags to fix."""
-  from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
   from tasks import registry  # pylint: disable=g-import-not-at-top
   from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
   server_size = 0
-  if algorithms.needs_server_images(FLAGS.algorithm):
+  if catalog.needs_server_images(FLAGS.algorithm):
     server_size = (FLAGS.server_data_size or
                    registry.DEFAULT_SERVER_SIZE[FLAGS.task])
     if not server_size:
@@ -233,7 +233,7 @@ flags.DEFINE_list('worker_addresses', [],
                   'instead of local ones.')
 flags.DEFINE_enum('device', 'cpu', ['cpu', 'gpu'],
                   'Where training runs; gpu needs a CUDA TensorFlow and a '
-                  'CUDA build of TFF\'s worker (fedcg_tff/devices.py).')
+                  'CUDA build of TFF\'s worker (fedcg_tff/execution/devices.py).')
 flags.DEFINE_integer('logical_gpus', 1,
                      'With --device=gpu: logical devices per GPU (needs '
                      '--gpu_memory_mb).')
@@ -258,7 +258,7 @@ def _check_worker_flags():
 
 
 def configure_device():
-  from fedcg_tff import devices  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.execution import devices  # pylint: disable=g-import-not-at-top
   try:
     devices.configure(FLAGS.device, FLAGS.logical_gpus, FLAGS.gpu_memory_mb)
   except ValueError as e:
@@ -270,7 +270,7 @@ def worker_pool():
   alone); remote ones are reached now, before anything is written."""
   if FLAGS.workers == 1 and not FLAGS.worker_addresses:
     return None
-  from fedcg_tff import workers  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.execution import workers  # pylint: disable=g-import-not-at-top
   if not FLAGS.worker_addresses:
     return workers.Workers.local(FLAGS.workers, FLAGS.max_concurrent_clients)
   try:
@@ -283,7 +283,7 @@ def spread_clients(algorithm, pool) -> None:
   """Runs the algorithm's rounds with their clients spread over `pool`
   (`fedcg_tff.workers.ShardedRound`: the same results as one worker)."""
   if pool is not None:
-    from fedcg_tff import workers  # pylint: disable=g-import-not-at-top
+    from fedcg_tff.execution import workers  # pylint: disable=g-import-not-at-top
     algorithm.next_round = workers.ShardedRound(algorithm.process.parts, pool)
     print(f'clients of each round spread over {len(pool)} TFF workers',
           flush=True)
@@ -312,7 +312,7 @@ def client_sampling(num_clients: int):
   """The driver's `ClientSampling` for a task of `num_clients` clients;
   refuses more clients per round than there are (before anything is
   written)."""
-  from fedcg_tff import client_store  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import client_store  # pylint: disable=g-import-not-at-top
   per_round = FLAGS.clients_per_round
   if per_round is not None and per_round > num_clients:
     given = (f', --num_clients={FLAGS.num_clients}' if FLAGS.num_clients
@@ -342,7 +342,7 @@ def client_sampling_definition() -> dict:
 # --- End of client sampling -------------------------------------------------
 
 
-# --- Differential privacy: the paper's "FedAvg DP sigma" (fedcg_tff/dp.py) --
+# --- Differential privacy: the paper's "FedAvg DP sigma" (privacy/dp.py) ------
 flags.DEFINE_float('dp_sigma', 0.0,
                    'Gaussian noise std added on each client to its round '
                    'update (every coordinate, after clipping to --dp_clip), '
@@ -389,10 +389,10 @@ def dp_definition() -> dict:
 
 
 def dp_aggregation(clients_per_round: int) -> dict:
-  """`algorithms.build` arguments for the DP flags (empty without DP)."""
+  """`catalog.build` arguments for the DP flags (empty without DP)."""
   if not FLAGS.dp_sigma:
     return {}
-  from fedcg_tff import dp  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
   return {'aggregation_factory': dp.mean_factory(
               FLAGS.dp_sigma, FLAGS.dp_clip, clients_per_round),
           'upload_updates': True}
@@ -403,7 +403,7 @@ def dp_summary(rounds_run: int) -> dict:
   (epsilon, delta) of `rounds_run` noised releases of a client's update."""
   if not FLAGS.dp_sigma:
     return {}
-  from fedcg_tff import dp  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
   return {'dp': dp.describe(FLAGS.dp_sigma, FLAGS.dp_clip, rounds_run,
                             FLAGS.dp_delta)}
 # --- End of differential privacy --------------------------------------------
@@ -420,9 +420,10 @@ def main(argv):
   configure_device()
 
   # Imports that start TensorFlow come after flag checks: bad flags fail fast.
-  from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import checkpoint  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import experiment  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import round_loop  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import run_files  # pylint: disable=g-import-not-at-top
 
   # Data first: a missing data set must not leave an output directory.
   task = load_task(config)
@@ -435,7 +436,7 @@ def main(argv):
   definition['run'].update(client_sampling_definition())
   definition['run'].update(dp_definition())
   try:
-    resuming = experiment.prepare_output_dir(FLAGS.output_dir, definition)
+    resuming = run_files.prepare_output_dir(FLAGS.output_dir, definition)
   except (FileExistsError, OSError) as e:
     raise app.UsageError(str(e)) from None
   results_path = os.path.join(FLAGS.output_dir, 'results.json')
@@ -452,18 +453,18 @@ def main(argv):
   print(f'{FLAGS.algorithm} with {config.model}; building computations...',
         flush=True)
   size = config.image_size
-  algorithm = algorithms.build(FLAGS.algorithm, config, task.num_clients,
+  algorithm = catalog.build(FLAGS.algorithm, config, task.num_clients,
                                server_images=task.server_inputs(size),
                                sampling=sampling,
                                **dp_aggregation(sampling.clients_per_round or
                                                 task.num_clients))
   spread_clients(algorithm, pool)
-  writer = experiment.MetricsWriter(FLAGS.output_dir)
+  writer = run_files.MetricsWriter(FLAGS.output_dir)
   started = time.monotonic()
   checkpoints = checkpoint.Checkpoints(
       os.path.join(FLAGS.output_dir, 'checkpoints'))
   try:
-    result = experiment.run(
+    result = round_loop.run(
         algorithm,
         train_data_fn=_with_injected_fault(
             lambda r: task.train_datasets(r, config.batch_size, size)),
@@ -474,7 +475,7 @@ def main(argv):
         writer=writer,
         log=lambda line: print(line, flush=True),
         checkpoints=checkpoints)
-  except experiment.NumericalFault as e:
+  except round_loop.NumericalFault as e:
     good = checkpoints.latest_round()
     sys.exit(f'Numerical fault: {e}. The run stopped; rounds 1-{good} are '
              f'saved in {checkpoints.directory}, and rerunning the same '
@@ -496,7 +497,7 @@ def main(argv):
       'total_round_seconds': sum(result.round_seconds),
   }
   summary.update(dp_summary(result.rounds_run))
-  experiment.write_json_atomically(results_path, summary)
+  run_files.write_json_atomically(results_path, summary)
   resumed = (f', resumed after round {result.resumed_from}'
              if result.resumed_from else '')
   print(f'\nTest accuracy (%) at each client\'s best-validation round, after '

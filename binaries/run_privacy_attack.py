@@ -8,7 +8,7 @@ the accuracy of a training run of that algorithm.
 For each algorithm of --algorithms (fedavg_dp once per --dp_sigma), an
 honest-but-curious server attacks client --client's round-1 gradient on each
 of --num_images of its training images (in batches of --attack_batch_size)
-under that algorithm's threat model (fedcg_tff/privacy_tf.py states each),
+under that algorithm's threat model (fedcg_tff/dlg_tf.py states each),
 with DLG (L-BFGS or Adam, --restarts per batch). It writes to --output_dir:
 
   privacy.md / privacy.csv  per algorithm: training accuracy, PSNR and SSIM
@@ -43,7 +43,7 @@ from absl import logging
 import tensorflow as tf
 
 from binaries import launch
-from fedcg_tff import runtime  # pylint: disable=unused-import  # Before TFF loads: clean exit.
+from fedcg_tff.execution import runtime  # pylint: disable=unused-import  # Before TFF loads: clean exit.
 from fedcg_tff.names import PRIVACY_ALGORITHMS, TASKS
 
 flags.DEFINE_list('algorithms', ['fedavg', 'fedavg_dp', 'fedsplit',
@@ -104,7 +104,7 @@ _OWNED = ('algorithm', 'output_dir', 'seed', 'task', 'data_dir',
 
 def trained_as(threat: str) -> tuple[str, str]:
   """(`run_fedcg --algorithm`, `--client_init`) of a row's training run
-  (privacy_tf.threat_model's naming, without importing TensorFlow)."""
+  (dlg_tf.threat_model's naming, without importing TensorFlow)."""
   if threat == 'fedavg_dp':
     return 'fedavg', 'shared'
   if threat.endswith('_private'):
@@ -265,10 +265,10 @@ def main(argv):
   # The project's TF modules load here: bad flags and failed training stop
   # before.
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import dp  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import privacy_tf  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import process_tff  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import report  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.privacy import dlg_tf  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import driver  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
   from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
   from tasks import image_task  # pylint: disable=g-import-not-at-top
   from tasks import registry  # pylint: disable=g-import-not-at-top
@@ -297,11 +297,11 @@ def main(argv):
   images = image_task.prepare_images(train_images[chosen], config.image_size,
                                      task.mean, task.std)
   labels = train_labels[chosen].astype(np.int32)
-  truth = privacy_tf.to_unit_range(images, task.mean, task.std)
-  client_seed = process_tff.client_seeds(config, task.num_clients)[
+  truth = dlg_tf.to_unit_range(images, task.mean, task.std)
+  client_seed = driver.client_seeds(config, task.num_clients)[
       FLAGS.client]
-  value_range = privacy_tf.input_range(task.mean, task.std)
-  options = privacy_tf.AttackOptions(
+  value_range = dlg_tf.input_range(task.mean, task.std)
+  options = dlg_tf.AttackOptions(
       iterations=FLAGS.iterations, restarts=FLAGS.restarts,
       optimizer=FLAGS.attack_optimizer, adam_lr=FLAGS.adam_lr,
       labels=FLAGS.labels, seed=FLAGS.seed).validate()
@@ -314,37 +314,37 @@ def main(argv):
 
   table, recon01, per_image, threats = [], {}, {}, {}
   for name, threat_name, sigma in table_rows:
-    threat = privacy_tf.threat_model(threat_name, sigma, FLAGS.dp_clip)
+    threat = dlg_tf.threat_model(threat_name, sigma, FLAGS.dp_clip)
     threats[name] = threat
     print(f'{name}: the server sees {threat.statement}', flush=True)
-    client = privacy_tf.round_one_networks(config, threat, client_seed)
+    client = dlg_tf.round_one_networks(config, threat, client_seed)
     out_images = np.zeros_like(images)
     out_labels = np.zeros_like(labels)
     losses, row_started = [], time.monotonic()
     for b in range(0, FLAGS.num_images, bs):
       # The DP noise of batch b, the same draw whatever rows run before.
       tf.random.set_seed(FLAGS.seed * 100_003 + b)
-      observation = privacy_tf.observe(config, threat, client,
+      observation = dlg_tf.observe(config, threat, client,
                                        images[b:b + bs], labels[b:b + bs])
-      result = privacy_tf.dlg_attack(config, observation, options,
+      result = dlg_tf.dlg_attack(config, observation, options,
                                      value_range)
-      recovered = privacy_tf.to_unit_range(result.images, task.mean,
+      recovered = dlg_tf.to_unit_range(result.images, task.mean,
                                            task.std)
-      order = privacy_tf.match_order(truth[b:b + bs], recovered)
+      order = dlg_tf.match_order(truth[b:b + bs], recovered)
       out_images[b:b + bs] = result.images[order]
       out_labels[b:b + bs] = result.labels[order]
       losses.append(result.matching_loss)
-      psnr = privacy_tf.psnr(truth[b:b + bs],
-                             privacy_tf.to_unit_range(
+      psnr = dlg_tf.psnr(truth[b:b + bs],
+                             dlg_tf.to_unit_range(
                                  out_images[b:b + bs], task.mean, task.std))
       print(f'  [{name} {b + bs}/{FLAGS.num_images}] PSNR '
             + ', '.join(f'{v:.2f}' for v in psnr) + ' dB, labels '
             f'{out_labels[b:b + bs].tolist()} (true '
             f'{labels[b:b + bs].tolist()}), matching loss '
             f'{result.matching_loss:.3g}, {result.seconds:.1f}s', flush=True)
-    recon01[name] = privacy_tf.to_unit_range(out_images, task.mean, task.std)
-    psnr = privacy_tf.psnr(truth, recon01[name])
-    ssim = privacy_tf.ssim(truth, recon01[name])
+    recon01[name] = dlg_tf.to_unit_range(out_images, task.mean, task.std)
+    psnr = dlg_tf.psnr(truth, recon01[name])
+    ssim = dlg_tf.ssim(truth, recon01[name])
     trained = training.get(name, {})
     row = report.PrivacyRow(
         name=name, label=threat.label, psnr=tuple(psnr), ssim=tuple(ssim),
@@ -366,7 +366,7 @@ def main(argv):
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   # What reconstructions that know nothing score, for scale: a constant
   # black and a constant mid-grey image against the attacked images.
-  references = {name: privacy_tf.psnr(truth, np.full_like(truth, value))
+  references = {name: dlg_tf.psnr(truth, np.full_like(truth, value))
                 for name, value in (('black', 0.0), ('grey', 0.5))}
   markdown = report.privacy_markdown(table, FLAGS.dp_delta) + (
       '\nFor scale, constant images score: ' + '; '.join(
@@ -383,7 +383,7 @@ def main(argv):
       'threat_models': {n: t.statement for n, t in threats.items()},
       'reference_psnr': {n: v.tolist() for n, v in references.items()},
       'stand_in_extractor_seed': (config.seed +
-                                  privacy_tf.STAND_IN_SEED_OFFSET),
+                                  dlg_tf.STAND_IN_SEED_OFFSET),
       'training': {n: {'results': results[n], **training[n]}
                    for n in training},
       'rows': {row.name: {'label': row.label, **per_image[row.name],

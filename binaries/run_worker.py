@@ -23,7 +23,7 @@ import sys
 from absl import app
 from absl import flags
 
-from fedcg_tff import runtime
+from fedcg_tff.execution import runtime
 
 flags.DEFINE_integer('port', 8000, 'Port the worker serves on.')
 flags.DEFINE_integer('max_concurrent_clients', None,

@@ -21,7 +21,7 @@ PRIVATE_NETWORKS = ('extractor', 'discriminator')
 # Seeds go into numpy and TensorFlow seeds and into per-client seeds
 # (seed * 1000 + i): kept to a range every one of them takes.
 MAX_SEED = 2**31 - 1
-MODELS = ('lenet', 'resnet18')  # models.MODELS, without importing TF.
+MODELS = ('lenet', 'resnet18')  # models.families.MODELS, without TF.
 
 
 @dataclasses.dataclass(frozen=True)

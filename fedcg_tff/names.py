@@ -8,9 +8,9 @@ ALGORITHMS = ('local', 'fedavg', 'fedprox', 'fedsplit', 'feddf', 'fedgen',
 # tasks.registry.TASKS
 TASKS = ('fmnist', 'fmnist_shift', 'cifar10', 'digit5', 'office_caltech10',
          'domainnet')
-# fedcg_tff.baselines_tff.UPDATE_ALGORITHMS: those `run_fedcg --dp_sigma`
+# algorithms.baselines_process_tff.UPDATE_ALGORITHMS: those `run_fedcg --dp_sigma`
 # applies to.
 DP_ALGORITHMS = ('fedavg', 'fedprox', 'fedsplit')
-# fedcg_tff.privacy_tf.THREAT_MODEL_NAMES: `run_privacy_attack --algorithms`.
+# privacy.dlg_tf.THREAT_MODEL_NAMES: `run_privacy_attack --algorithms`.
 PRIVACY_ALGORITHMS = ('fedavg', 'fedprox', 'fedavg_dp', 'fedsplit',
                       'fedsplit_private', 'fedcg', 'fedcg_private')

@@ -8,7 +8,7 @@ only) flips at random. Each round asks for fresh training datasets whose
 shuffling, flips and noise are seeded by (task seed, round, client), so a run
 is reproducible and every round sees a different order, flips and noise.
 Each pass over a training dataset (each new iterator) redraws them: the
-passes must be made in a fixed order (fedcg_tff/training_tf.py,
+passes must be made in a fixed order (fedcg_tff/algorithms/training_tf.py,
 PASS_ORDER_NOTE).
 """
 

@@ -7,13 +7,16 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from fedcg_tff import algorithms
-from fedcg_tff import baselines_tf
-from fedcg_tff import baselines_tff
-from fedcg_tff import networks
-from fedcg_tff import process_tff
-from fedcg_tff import training_tf
+from fedcg_tff.algorithms import aggregators_tff
+from fedcg_tff.algorithms import baselines_process_tff
+from fedcg_tff.algorithms import baselines_tf
+from fedcg_tff.algorithms import catalog
+from fedcg_tff.algorithms import round_tff
+from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.models import lenet
+from fedcg_tff.models import model_weights
+from fedcg_tff.program import driver
 from tests.placement import EXTRACTOR_KERNEL_SHAPES
 from tests.placement import crossings
 from tests.placement import leaks
@@ -52,7 +55,7 @@ def _assert_all_close(a, b, atol=1e-5):
 
 
 def _run(algorithm, config=TINY, rounds=1, **kwargs):
-  driver = algorithms.build(algorithm, config, len(SIZES), **kwargs)
+  driver = catalog.build(algorithm, config, len(SIZES), **kwargs)
   initial_server, initial_clients = driver.server_state, driver.client_states
   for r in range(rounds):
     metrics = driver.run_round(r, _round_data(r))
@@ -64,8 +67,8 @@ def _run(algorithm, config=TINY, rounds=1, **kwargs):
 
 
 def _keras_model_fn():
-  model = tf.keras.Sequential([networks.build_extractor(1),
-                               networks.build_classifier(10)])
+  model = tf.keras.Sequential([lenet.build_extractor(1),
+                               lenet.build_classifier(10)])
   spec = (tf.TensorSpec([None, 32, 32, 1], tf.float32),
           tf.TensorSpec([None], tf.int32))
   return tff.learning.models.from_keras_model(
@@ -78,7 +81,7 @@ def _ours_and_oracle(algorithm, mu=0.0):
   the same initial weights, data, client SGD (lr 0.1) and server SGD (1.0)."""
   config = dataclasses.replace(TINY, client_optimizer='sgd', lr=0.1,
                                weight_decay=0.0, prox_mu=mu)
-  ours = algorithms.build(algorithm, config, len(SIZES))
+  ours = catalog.build(algorithm, config, len(SIZES))
   initial = ours.server_state.shared
   sgd = tff.learning.optimizers.build_sgdm
   if algorithm == 'fedavg':
@@ -154,7 +157,7 @@ def test_fedprox_pulls_towards_global():
     server = baselines_tf.initial_server_state(config, baseline, ())
     message = baselines_tf.ServerMessage(server.shared, (), tf.constant(0))
     state = baselines_tf.initial_client_state(config, 7)
-    out = baselines_tf.client_update(baselines_tf.Networks(config), baseline,
+    out = baselines_tf.client_update(baselines_tf.PartyNetworks(config), baseline,
                                      message, state, data)
     distances[name] = sum(
         float(tf.reduce_sum(tf.square(a - b)))
@@ -169,13 +172,13 @@ def test_fedprox_pulls_towards_global():
 # What crosses placements.
 
 
-@pytest.mark.parametrize('algorithm', baselines_tff.ALGORITHMS)
+@pytest.mark.parametrize('algorithm', baselines_process_tff.ALGORITHMS)
 def test_what_crosses_placements(algorithm, tmp_path):
   kwargs = {}
-  if algorithms.needs_server_images(algorithm):
-    kwargs['server_images_path'] = baselines_tff.write_server_images(
+  if catalog.needs_server_images(algorithm):
+    kwargs['server_images_path'] = baselines_process_tff.write_server_images(
         _arrays(20, 9)[0], str(tmp_path / 'server.tf'))
-  process = baselines_tff.build_baseline_process(TINY, algorithm, **kwargs)
+  process = baselines_process_tff.build_baseline_process(TINY, algorithm, **kwargs)
   moved = crossings(process.next)
   baseline = baselines_tf.BASELINES[algorithm]
   if not baseline.communicates:
@@ -219,9 +222,9 @@ def test_client_init(client_init):
   draw of the run seed); private: each client's E from its own seed, C
   still the server's."""
   config = dataclasses.replace(TINY, client_init=client_init)
-  init = process_tff.build_client_state_initializer(
-      baselines_tff.init_client_computation(config))
-  a, b = init(process_tff.client_seeds(config, 2))
+  init = round_tff.build_client_state_initializer(
+      baselines_process_tff.init_client_computation(config))
+  a, b = init(driver.client_seeds(config, 2))
   server = baselines_tf.initial_server_state(
       config, baselines_tf.BASELINES['fedavg'], ())
   assert _equal(a.classifier, server.shared['classifier'])
@@ -301,7 +304,7 @@ def test_collect_gathers_every_client_with_its_weight():
   value_type = tff.types.to_type(
       {'a': tff.TensorType(np.float32, [2]),
        'b': (tff.TensorType(np.int32, [3]),)})
-  collect = process_tff.build_collect(value_type)
+  collect = aggregators_tff.build_collect(value_type)
 
   @tff.federated_computation(tff.FederatedType(value_type, tff.CLIENTS),
                              tff.FederatedType(np.float32, tff.CLIENTS))
@@ -330,7 +333,7 @@ def _confident_classifiers(nets, seeds, scale=20.0):
   features."""
   out = []
   for s in seeds:
-    weights = list(networks.sample_initial_weights(
+    weights = list(model_weights.sample_initial(
         nets.classifier, tf.constant(s, tf.int64)))
     weights[0] = weights[0] * 8.0
     weights[2] = weights[2] * 3.0
@@ -346,24 +349,24 @@ def _stack(structures):
 def test_feddf_distillation_lowers_its_kl():
   config = dataclasses.replace(TINY, batch_size=16, lr=1e-3,
                                server_steps_per_epoch=60)
-  nets = baselines_tf.Networks(config)
+  nets = baselines_tf.PartyNetworks(config)
   baseline = baselines_tf.BASELINES['feddf']
   images = tf.constant(_arrays(64, 3)[0])
-  extractors = [networks.sample_initial_weights(
+  extractors = [model_weights.sample_initial(
       nets.extractor, tf.constant(s, tf.int64)) for s in (1, 2, 3)]
   classifiers = _confident_classifiers(nets, (1, 2, 3))
   weights = tf.constant([16.0, 24.0, 8.0])
   collected = {'extractor': _stack(extractors),
                'classifier': _stack(classifiers)}
   # The student starts from an unrelated sharp model, far from the teacher.
-  averaged = {'extractor': networks.sample_initial_weights(
+  averaged = {'extractor': model_weights.sample_initial(
                   nets.extractor, tf.constant(9, tf.int64)),
               'classifier': _confident_classifiers(nets, (9,))[0]}
   teacher = baselines_tf.feddf_teacher(nets, collected, weights, images)
 
   def kl(shared):
-    networks.assign_weights(nets.extractor, shared['extractor'])
-    networks.assign_weights(nets.classifier, shared['classifier'])
+    model_weights.assign(nets.extractor, shared['extractor'])
+    model_weights.assign(nets.classifier, shared['classifier'])
     return float(training_tf.kl_divergence(
         teacher, nets.classifier(nets.extractor(images))))
 
@@ -377,8 +380,8 @@ def test_feddf_distillation_lowers_its_kl():
   # The teacher is the weighted ensemble of the clients' (E_i, C_i).
   direct = 0.0
   for w, e, c in zip([16 / 48, 24 / 48, 8 / 48], extractors, classifiers):
-    networks.assign_weights(nets.extractor, e)
-    networks.assign_weights(nets.classifier, c)
+    model_weights.assign(nets.extractor, e)
+    model_weights.assign(nets.classifier, c)
     direct += w * nets.classifier(nets.extractor(images)).numpy()
   np.testing.assert_allclose(teacher.numpy(), direct, atol=1e-4)
 
@@ -397,8 +400,8 @@ def test_server_data_indices_cover_the_data_and_follow_the_round():
 def test_fedgen_generator_training_lowers_ensemble_ce():
   config = dataclasses.replace(TINY, batch_size=16, lr=3e-3,
                                server_steps_per_epoch=80)
-  nets = baselines_tf.Networks(config)
-  networks.assign_weights(nets.generator, networks.sample_initial_weights(
+  nets = baselines_tf.PartyNetworks(config)
+  model_weights.assign(nets.generator, model_weights.sample_initial(
       nets.generator, tf.constant(1, tf.int64)))
   classifiers = _stack(_confident_classifiers(nets, (4, 5, 6)))
   weights = training_tf.normalized_weights(tf.constant([1.0, 2.0, 3.0]))
@@ -445,9 +448,9 @@ def test_proximal_term_gradient_is_w_minus_reference():
 
 def test_unknown_algorithm_and_missing_server_data():
   with pytest.raises(ValueError, match="algorithm must be one of"):
-    algorithms.build('fedsgd', TINY, 2)
+    catalog.build('fedsgd', TINY, 2)
   with pytest.raises(ValueError, match='feddf needs server_images'):
-    algorithms.build('feddf', TINY, 2)
+    catalog.build('feddf', TINY, 2)
 
 
 if __name__ == '__main__':

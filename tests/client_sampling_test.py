@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fedcg_tff import baselines_tff
-from fedcg_tff import checkpoint
-from fedcg_tff import client_store
-from fedcg_tff import experiment
-from fedcg_tff import process_tff
+from fedcg_tff.algorithms import baselines_process_tff
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.program import checkpoint
+from fedcg_tff.program import client_store
+from fedcg_tff.program import driver
+from fedcg_tff.program import round_loop
 from tasks import image_task
 from tests import binary_runs
 from tests import fake_data
@@ -53,13 +53,13 @@ def _eval_data(num_clients=NUM_CLIENTS):
 @pytest.fixture(scope='module')
 def process():
   """FedAvg's process, built once (tracing it is most of a driver's cost)."""
-  return baselines_tff.build_baseline_process(TINY, 'fedavg')
+  return baselines_process_tff.build_baseline_process(TINY, 'fedavg')
 
 
 def _driver(process, states_dir=None, per_round=PER_ROUND,
             num_clients=NUM_CLIENTS):
-  return process_tff.ProcessAlgorithm(
-      TINY, num_clients, process, baselines_tff.init_client_computation(TINY),
+  return driver.ProcessAlgorithm(
+      TINY, num_clients, process, baselines_process_tff.init_client_computation(TINY),
       client_store.ClientSampling(per_round, states_dir))
 
 
@@ -285,7 +285,7 @@ def test_crash_mid_round_resumes_from_the_previous_round(process, tmp_path):
   def run(directory, rounds):
     driver = _driver(process, str(directory / 'states'), per_round,
                      num_clients)
-    result = experiment.run(
+    result = round_loop.run(
         driver, train, val, test, max_rounds=rounds, patience=9,
         log=lambda _: None,
         checkpoints=checkpoint.Checkpoints(str(directory / 'ckpt')))

@@ -11,7 +11,7 @@ import sys
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fedcg_tff import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
+from fedcg_tff.execution import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def pytest_configure(config):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fedcg_tff import fedcg_tf
-from fedcg_tff import networks
-from fedcg_tff import training_tf
+from fedcg_tff.algorithms import fedcg_tf
+from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.models import model_weights
 
 TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
                    server_epochs=1, server_steps_per_epoch=4)
@@ -29,11 +29,11 @@ def _dataset(n=16, batch=8, seed=0):
 
 
 def _nets(config, seed=3):
-  nets = fedcg_tf.Networks(config)
+  nets = fedcg_tf.PartyNetworks(config)
   s = tf.constant(seed, tf.int64)
   for m in (nets.extractor, nets.classifier, nets.generator,
             nets.discriminator):
-    networks.assign_weights(m, networks.sample_initial_weights(m, s))
+    model_weights.assign(m, model_weights.sample_initial(m, s))
   return nets
 
 
@@ -234,7 +234,7 @@ def test_chunked_logits_match_one_pass():
 
 
 def test_client_update_changes_state_and_keeps_seed():
-  nets = fedcg_tf.Networks(TINY)
+  nets = fedcg_tf.PartyNetworks(TINY)
   server = fedcg_tf.initial_server_state(TINY, ())
   state = fedcg_tf.initial_client_state(TINY, 11)
   z, y = fedcg_tf.distillation_inputs(TINY, 0)
@@ -258,7 +258,7 @@ def test_client_update_changes_state_and_keeps_seed():
 
 
 def test_server_update_advances_round():
-  nets = fedcg_tf.Networks(TINY)
+  nets = fedcg_tf.PartyNetworks(TINY)
   state = fedcg_tf.initial_server_state(TINY, ())
   state = fedcg_tf.ServerState(state.generator, state.classifier,
                                state.optimizer_state, (), tf.constant(5))

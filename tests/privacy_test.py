@@ -11,20 +11,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fedcg_tff import algorithms
-from fedcg_tff import baselines_tff
-from fedcg_tff import dp
 from fedcg_tff import names
-from fedcg_tff import networks
-from fedcg_tff import privacy_tf
+from fedcg_tff.algorithms import baselines_process_tff
+from fedcg_tff.algorithms import catalog
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.models import lenet
+from fedcg_tff.models import model_weights
+from fedcg_tff.privacy import dlg_tf
+from fedcg_tff.privacy import dp
 from tests import binary_runs
 from tests import fake_data
 
 CONFIG = FedCGConfig()
 CLIENT_SEED = 1001
-RANGE = privacy_tf.input_range((0.5,), (0.5,))  # FMNIST's: [-1, 1].
-OPTIONS = privacy_tf.AttackOptions(iterations=200, restarts=1, seed=0)
+RANGE = dlg_tf.input_range((0.5,), (0.5,))  # FMNIST's: [-1, 1].
+OPTIONS = dlg_tf.AttackOptions(iterations=200, restarts=1, seed=0)
 
 
 def _test_image():
@@ -37,15 +38,15 @@ def _test_image():
 
 
 def _attack(name, sigma=0.0, clip=10.0, image=None, label=3):
-  threat = privacy_tf.threat_model(name, sigma, clip)
+  threat = dlg_tf.threat_model(name, sigma, clip)
   image = _test_image() if image is None else image
-  client = privacy_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
+  client = dlg_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
   tf.random.set_seed(0)
-  observation = privacy_tf.observe(CONFIG, threat, client, image,
+  observation = dlg_tf.observe(CONFIG, threat, client, image,
                                    np.array([label], np.int32))
-  result = privacy_tf.dlg_attack(CONFIG, observation, OPTIONS, RANGE)
-  to01 = lambda x: privacy_tf.to_unit_range(x, (0.5,), (0.5,))
-  return (float(privacy_tf.psnr(to01(image), to01(result.images))[0]),
+  result = dlg_tf.dlg_attack(CONFIG, observation, OPTIONS, RANGE)
+  to01 = lambda x: dlg_tf.to_unit_range(x, (0.5,), (0.5,))
+  return (float(dlg_tf.psnr(to01(image), to01(result.images))[0]),
           result, observation)
 
 
@@ -92,19 +93,19 @@ def test_shared_init_gives_the_fedcg_attacker_the_true_extractor():
 
 
 def test_adam_option_runs_and_keeps_the_input_range():
-  threat = privacy_tf.threat_model('fedavg')
-  client = privacy_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
+  threat = dlg_tf.threat_model('fedavg')
+  client = dlg_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
   images = np.concatenate([_test_image(), -_test_image()])
-  observation = privacy_tf.observe(CONFIG, threat, client, images,
+  observation = dlg_tf.observe(CONFIG, threat, client, images,
                                    np.array([3, 5], np.int32))
-  options = privacy_tf.AttackOptions(iterations=30, optimizer='adam',
+  options = dlg_tf.AttackOptions(iterations=30, optimizer='adam',
                                      labels='optimize')
-  result = privacy_tf.dlg_attack(CONFIG, observation, options, RANGE)
+  result = dlg_tf.dlg_attack(CONFIG, observation, options, RANGE)
   assert result.images.shape == images.shape
   assert result.images.min() >= -1.0 and result.images.max() <= 1.0
   assert result.labels.shape == (2,)
   with pytest.raises(ValueError, match='labels=infer needs'):
-    privacy_tf.infer_labels(observation)
+    dlg_tf.infer_labels(observation)
 
 
 def test_attack_options_are_checked():
@@ -113,11 +114,11 @@ def test_attack_options_are_checked():
                      (dict(optimizer='sgd'), 'attack_optimizer'),
                      (dict(labels='guess'), 'labels')):
     with pytest.raises(ValueError, match=match):
-      privacy_tf.AttackOptions(**bad).validate()
+      dlg_tf.AttackOptions(**bad).validate()
   with pytest.raises(ValueError, match='algorithms'):
-    privacy_tf.threat_model('feddf')
+    dlg_tf.threat_model('feddf')
   with pytest.raises(ValueError, match='dp_sigma'):
-    privacy_tf.threat_model('fedavg_dp', 0.0, 1.0)
+    dlg_tf.threat_model('fedavg_dp', 0.0, 1.0)
 
 
 # ---------------------------------------------------------------------------
@@ -137,19 +138,19 @@ def _holds_any(arrays, weights):
 @pytest.mark.parametrize('name', ['fedcg', 'fedsplit', 'fedcg_private',
                                   'fedsplit_private'])
 def test_private_extractor_threat_models_see_no_extractor_weights(name):
-  threat = privacy_tf.threat_model(name)
-  client = privacy_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
-  observation = privacy_tf.observe(CONFIG, threat, client, _test_image(),
+  threat = dlg_tf.threat_model(name)
+  client = dlg_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
+  observation = dlg_tf.observe(CONFIG, threat, client, _test_image(),
                                    np.array([3], np.int32))
   assert set(observation.gradients) == {'classifier'}
   assert 'extractor' not in observation.weights
   extractor_shapes = {w.shape for w in client.extractor}
   assert not any(a.shape in extractor_shapes for a in _arrays(observation))
   assert not _holds_any(_arrays(observation), client.extractor)
-  public = privacy_tf.round_one_networks(
-      CONFIG, privacy_tf.threat_model('fedavg'), CLIENT_SEED)
-  stand_in = privacy_tf.stand_in_extractor(
-      CONFIG, CONFIG.seed + privacy_tf.STAND_IN_SEED_OFFSET)
+  public = dlg_tf.round_one_networks(
+      CONFIG, dlg_tf.threat_model('fedavg'), CLIENT_SEED)
+  stand_in = dlg_tf.stand_in_extractor(
+      CONFIG, CONFIG.seed + dlg_tf.STAND_IN_SEED_OFFSET)
   assert not np.array_equal(stand_in[0], client.extractor[0])
   if name.endswith('_private'):
     # The client's own E, not the server's (what fedavg would share).
@@ -162,7 +163,7 @@ def test_private_extractor_threat_models_see_no_extractor_weights(name):
     assert all(np.array_equal(a, b)
                for a, b in zip(client.extractor, public.extractor))
     assert all(np.array_equal(a, b) for a, b in zip(
-        client.extractor, privacy_tf.stand_in_extractor(CONFIG, CONFIG.seed)))
+        client.extractor, dlg_tf.stand_in_extractor(CONFIG, CONFIG.seed)))
   if name.startswith('fedcg'):
     assert set(observation.weights) == {'generator', 'classifier'}
 
@@ -170,15 +171,15 @@ def test_private_extractor_threat_models_see_no_extractor_weights(name):
 def test_c_gradient_of_one_image_gives_its_features_exactly():
   """What FedCG's attacker does learn: E(x), from C's first dense layer
   (kernel gradient = features (x) bias gradient)."""
-  threat = privacy_tf.threat_model('fedcg')
-  client = privacy_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
-  observation = privacy_tf.observe(CONFIG, threat, client, _test_image(),
+  threat = dlg_tf.threat_model('fedcg')
+  client = dlg_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
+  observation = dlg_tf.observe(CONFIG, threat, client, _test_image(),
                                    np.array([3], np.int32))
   kernel, bias = observation.gradients['classifier'][:2]
   j = int(np.argmax(np.abs(bias)))
   features = kernel[:, j] / bias[j]
-  extractor = networks.build_extractor(1)
-  networks.assign_weights(extractor, client.extractor)
+  extractor = lenet.build_extractor(1)
+  model_weights.assign(extractor, client.extractor)
   np.testing.assert_allclose(features, np.ravel(extractor(_test_image())),
                              rtol=1e-3, atol=1e-5)
 
@@ -186,8 +187,8 @@ def test_c_gradient_of_one_image_gives_its_features_exactly():
 def test_fedavg_threat_model_sees_the_extractor(unprotected):
   """The check above can fail: FedAvg's attacker holds E and its gradient."""
   observation = unprotected[2]
-  client = privacy_tf.round_one_networks(
-      CONFIG, privacy_tf.threat_model('fedavg'), CLIENT_SEED)
+  client = dlg_tf.round_one_networks(
+      CONFIG, dlg_tf.threat_model('fedavg'), CLIENT_SEED)
   assert _holds_any(_arrays(observation), client.extractor)
   assert set(observation.gradients) == {'extractor', 'classifier'}
 
@@ -199,26 +200,26 @@ def test_fedavg_threat_model_sees_the_extractor(unprotected):
 def test_psnr_of_identical_images_is_capped_and_of_unrelated_ones_low():
   rng = np.random.default_rng(0)
   a = rng.uniform(size=(3, 32, 32, 1))
-  assert privacy_tf.psnr(a, a).tolist() == [privacy_tf.PSNR_CAP_DB] * 3
-  assert np.all(privacy_tf.psnr(a, rng.uniform(size=a.shape)) < 10.0)
+  assert dlg_tf.psnr(a, a).tolist() == [dlg_tf.PSNR_CAP_DB] * 3
+  assert np.all(dlg_tf.psnr(a, rng.uniform(size=a.shape)) < 10.0)
   # Known value: a uniform error of 0.1 is an MSE of 0.01, 20 dB.
-  assert privacy_tf.psnr(a[:1] * 0.5, a[:1] * 0.5 + 0.1)[0] == (
+  assert dlg_tf.psnr(a[:1] * 0.5, a[:1] * 0.5 + 0.1)[0] == (
       pytest.approx(20.0))
   with pytest.raises(ValueError, match='psnr'):
-    privacy_tf.psnr(a, a[:2])
+    dlg_tf.psnr(a, a[:2])
 
 
 def test_ssim_of_identical_and_unrelated_images():
   rng = np.random.default_rng(1)
   a = rng.uniform(size=(2, 32, 32, 1))
-  np.testing.assert_allclose(privacy_tf.ssim(a, a), 1.0, atol=1e-6)
-  assert np.all(privacy_tf.ssim(a, rng.uniform(size=a.shape)) < 0.2)
+  np.testing.assert_allclose(dlg_tf.ssim(a, a), 1.0, atol=1e-6)
+  assert np.all(dlg_tf.ssim(a, rng.uniform(size=a.shape)) < 0.2)
 
 
 def test_match_order_pairs_a_shuffled_batch():
   rng = np.random.default_rng(2)
   a = rng.uniform(size=(3, 8, 8, 1))
-  order = privacy_tf.match_order(a, a[[2, 0, 1]])
+  order = dlg_tf.match_order(a, a[[2, 0, 1]])
   np.testing.assert_array_equal(a[[2, 0, 1]][order], a)
 
 
@@ -300,7 +301,7 @@ def test_fedavg_with_dp_uploads_noised_updates():
        rng.integers(0, 10, 16).astype(np.int32))).batch(8)
           for _ in range(3)]
   sigma = 0.05
-  driver = algorithms.build('fedavg', config, 3, upload_updates=True,
+  driver = catalog.build('fedavg', config, 3, upload_updates=True,
                             aggregation_factory=dp.mean_factory(sigma, 1e6,
                                                                 3))
   before = driver.server_state.shared
@@ -316,12 +317,12 @@ def test_fedavg_with_dp_uploads_noised_updates():
   assert np.std(residual) == pytest.approx(sigma / math.sqrt(3), rel=0.05)
   assert abs(np.mean(residual)) < 1e-3
   with pytest.raises(ValueError, match='upload_updates'):
-    algorithms.build('fedgen', config, 3, upload_updates=True)
+    catalog.build('fedgen', config, 3, upload_updates=True)
 
 
 def test_names_match_the_registries():
-  assert names.DP_ALGORITHMS == baselines_tff.UPDATE_ALGORITHMS
-  assert names.PRIVACY_ALGORITHMS == privacy_tf.THREAT_MODEL_NAMES
+  assert names.DP_ALGORITHMS == baselines_process_tff.UPDATE_ALGORITHMS
+  assert names.PRIVACY_ALGORITHMS == dlg_tf.THREAT_MODEL_NAMES
 
 
 # ---------------------------------------------------------------------------

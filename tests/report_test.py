@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from fedcg_tff import report
+from fedcg_tff.program import report
 from tests import binary_runs
 from tests import fake_data
 

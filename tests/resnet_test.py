@@ -4,17 +4,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fedcg_tff import models
-from fedcg_tff import networks
-from fedcg_tff import training_tf
+from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.models import families
+from fedcg_tff.models import model_weights
 
 
 def test_resnet18_split_shapes():
   config = FedCGConfig(model='resnet18', image_channels=3)
-  assert config.image_size == models.image_size('resnet18') == 224
-  assert models.feature_shape('resnet18') == (28, 28, 128)
-  nets = training_tf.Networks(config)
+  assert config.image_size == families.image_size('resnet18') == 224
+  assert families.feature_shape('resnet18') == (28, 28, 128)
+  nets = training_tf.PartyNetworks(config)
   x = tf.random.normal([2, 224, 224, 3])
   features = nets.extractor(x)
   assert features.shape == (2, 28, 28, 128)  # 128x28x28 in NCHW terms.
@@ -32,17 +32,17 @@ def test_resnet18_split_shapes():
 
 
 def test_models_by_name():
-  assert models.image_size('lenet') == FedCGConfig().image_size == 32
-  assert models.feature_shape('lenet') == (5, 5, 16)
+  assert families.image_size('lenet') == FedCGConfig().image_size == 32
+  assert families.feature_shape('lenet') == (5, 5, 16)
   with pytest.raises(ValueError, match='model must be one of'):
-    models.build_extractor('vgg', 3)
+    families.build_extractor('vgg', 3)
 
 
 def test_resnet18_initial_weights_are_seeded():
-  extractor = models.build_extractor('resnet18', 3)
-  a = networks.sample_initial_weights(extractor, tf.constant(1, tf.int64))
-  b = networks.sample_initial_weights(extractor, tf.constant(1, tf.int64))
-  c = networks.sample_initial_weights(extractor, tf.constant(2, tf.int64))
+  extractor = families.build_extractor('resnet18', 3)
+  a = model_weights.sample_initial(extractor, tf.constant(1, tf.int64))
+  b = model_weights.sample_initial(extractor, tf.constant(1, tf.int64))
+  c = model_weights.sample_initial(extractor, tf.constant(2, tf.int64))
   assert len(a) == len(extractor.weights)
   np.testing.assert_array_equal(a[0].numpy(), b[0].numpy())
   assert not np.allclose(a[0].numpy(), c[0].numpy())

@@ -72,13 +72,13 @@ def test_missing_data_and_taken_output_dir(tmp_path):
 
 def test_flags_list_every_registered_algorithm_and_task():
   from binaries import run_fedcg  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import algorithms  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
   from fedcg_tff import config  # pylint: disable=g-import-not-at-top
-  from fedcg_tff import models  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.models import families  # pylint: disable=g-import-not-at-top
   from tasks import registry  # pylint: disable=g-import-not-at-top
-  assert run_fedcg.ALGORITHMS == algorithms.ALGORITHMS
+  assert run_fedcg.ALGORITHMS == catalog.ALGORITHMS
   assert run_fedcg.TASKS == tuple(registry.TASKS)
-  assert config.MODELS == models.MODELS
+  assert config.MODELS == families.MODELS
 
 
 def test_task_errors_name_the_flag(tmp_path):

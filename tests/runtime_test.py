@@ -15,14 +15,14 @@ import time
 import psutil
 import pytest
 
-from fedcg_tff import runtime
+from fedcg_tff.execution import runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _SCRIPT = textwrap.dedent('''
     import os, sys, time
     sys.path.insert(0, {root!r})
-    from fedcg_tff import runtime
+    from fedcg_tff.execution import runtime
     import numpy as np
     import tensorflow_federated as tff
     runtime.set_local_cpp_context()
@@ -44,7 +44,7 @@ _SCRIPT = textwrap.dedent('''
     if mode == 'drop':  # A context dropped before exit stops its worker.
       import gc
       from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
-      from fedcg_tff import workers
+      from fedcg_tff.execution import workers
       context = workers.local_contexts(1)[0]
       with context_stack_impl.context_stack.install(context):
         assert add_one(2.0) == 3.0

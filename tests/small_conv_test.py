@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fedcg_tff import networks
-from fedcg_tff import small_conv
+from fedcg_tff.models import layers
+from fedcg_tff.models import small_conv
 
 
 def _value_and_grads(fn, x, kernel):
@@ -75,8 +75,8 @@ def test_applies_only_to_stride_one_valid_convolutions_of_known_maps():
 def test_layers_take_maps_of_unknown_size():
   """Keras' path then: the windows need a static height and width."""
   x = tf.keras.Input((None, None, 3))
-  y = networks.SpectralNormConv2D(4, 2, use_bias=False)(x, training=True)
-  y = networks.SmallConv2DTranspose(5, 2, use_bias=False)(y)
+  y = layers.SpectralNormConv2D(4, 2, use_bias=False)(x, training=True)
+  y = layers.SmallConv2DTranspose(5, 2, use_bias=False)(y)
   model = tf.keras.Model(x, y)
   assert model(tf.zeros([2, 6, 7, 3])).shape == (2, 6, 7, 5)
 
@@ -89,7 +89,7 @@ def test_spectral_norm_conv_is_conv_by_normalised_kernel(strides, padding,
                                                          use_bias, training):
   """Both the small_conv path and Keras' path, in values and gradients; in
   training both sides start from the same u and take one power step."""
-  layer = networks.SpectralNormConv2D(16, 2, strides, padding=padding,
+  layer = layers.SpectralNormConv2D(16, 2, strides, padding=padding,
                                       use_bias=use_bias, activation='tanh')
   x = tf.random.stateless_normal([4, 5, 5, 8], [0, 1])
   layer.build(x.shape)
@@ -127,7 +127,7 @@ def test_small_conv_transpose_layer_matches_keras_layer(strides, padding,
   kwargs = dict(filters=6, kernel_size=kernel_size, strides=strides,
                 padding=padding, use_bias=True, activation='sigmoid')
   inputs = tf.keras.Input((4, 5, 5))
-  ours = tf.keras.Model(inputs, networks.SmallConv2DTranspose(**kwargs)(inputs))
+  ours = tf.keras.Model(inputs, layers.SmallConv2DTranspose(**kwargs)(inputs))
   keras = tf.keras.Model(inputs,
                          tf.keras.layers.Conv2DTranspose(**kwargs)(inputs))
   for v in ours.weights:

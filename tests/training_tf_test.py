@@ -1,15 +1,15 @@
 """Adam inside training loops: TF's fused kernel gives what
-`tff.learning.optimizers`' functional Adam gives, bit for bit. Networks
+`tff.learning.optimizers`' functional Adam gives, bit for bit. PartyNetworks
 builds only the networks asked for."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from fedcg_tff import fedcg_tf
-from fedcg_tff import networks
-from fedcg_tff import training_tf
+from fedcg_tff.algorithms import fedcg_tf
+from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.models import model_weights
 
 
 def _functional(optimizer, nets, variables, weight_decay=0.0):
@@ -22,7 +22,7 @@ def _leaves(structure):
 
 
 def test_networks_builds_only_the_named_networks():
-  nets = training_tf.Networks(FedCGConfig(), ('classifier', 'extractor'))
+  nets = training_tf.PartyNetworks(FedCGConfig(), ('classifier', 'extractor'))
   assert nets.extractor.name == 'extractor'
   assert nets.model('classifier').name == 'classifier'
   with pytest.raises(AttributeError, match='without the generator'):
@@ -31,15 +31,15 @@ def test_networks_builds_only_the_named_networks():
   assert len(nets._moments) == len(nets.extractor.trainable_variables +
                                    nets.classifier.trainable_variables)
   with pytest.raises(ValueError, match='encoder'):
-    training_tf.Networks(FedCGConfig(), ('encoder',))
+    training_tf.PartyNetworks(FedCGConfig(), ('encoder',))
   with pytest.raises(TypeError, match='sequence of names'):
-    training_tf.Networks(FedCGConfig(), 'extractor')
+    training_tf.PartyNetworks(FedCGConfig(), 'extractor')
 
 
 @pytest.mark.parametrize('weight_decay', [0.0, 1e-2])
 def test_fused_adam_steps_equal_functional_adam(weight_decay):
   config = FedCGConfig()
-  nets = training_tf.Networks(config)
+  nets = training_tf.PartyNetworks(config)
   variables = nets.classifier.trainable_variables
   start = [v.numpy() for v in variables]
   rng = np.random.default_rng(0)
@@ -89,19 +89,19 @@ def test_gan_epoch_is_unchanged_by_the_fused_kernel(monkeypatch):
   y = rng.integers(0, 10, 40).astype(np.int32)
   dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
   state = fedcg_tf.initial_client_state(config, 1)
-  reference = fedcg_tf.Networks(config)
-  start = {name: networks.weight_values(reference.model(name))
+  reference = fedcg_tf.PartyNetworks(config)
+  start = {name: model_weights.values(reference.model(name))
            for name in ('extractor', 'generator', 'discriminator')}
 
   def epoch():
-    nets = fedcg_tf.Networks(config)
+    nets = fedcg_tf.PartyNetworks(config)
     for name, values in start.items():
-      networks.assign_weights(nets.model(name), values)
+      model_weights.assign(nets.model(name), values)
     out = tf.function(lambda: fedcg_tf.train_gan(
         nets, state.discriminator_optimizer, state.generator_optimizer,
         dataset, state.seed, 0))()
     return _leaves(out) + _leaves(
-        [networks.weight_values(nets.model(n)) for n in start])
+        [model_weights.values(nets.model(n)) for n in start])
 
   fused = epoch()
   monkeypatch.setattr(training_tf, 'optimizer_steps', _functional)

@@ -11,11 +11,10 @@ import pytest
 import tensorflow as tf
 import tree
 
-from fedcg_tff import algorithms
-from fedcg_tff import process_tff
-from fedcg_tff import runtime
-from fedcg_tff import workers
+from fedcg_tff.algorithms import catalog
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.execution import runtime
+from fedcg_tff.execution import workers
 
 TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
                    server_epochs=1, server_steps_per_epoch=3)
@@ -74,7 +73,7 @@ def _running(processes):
 
 @pytest.mark.parametrize('name', ['fedcg', 'local'])
 def test_two_workers_give_the_single_worker_round(name, two_workers):
-  algorithm = algorithms.build(name, TINY, NUM_CLIENTS)
+  algorithm = catalog.build(name, TINY, NUM_CLIENTS)
   process = algorithm.process
   server, clients = algorithm.state()
   data = [_data(i) for i in range(NUM_CLIENTS)]
@@ -95,8 +94,8 @@ def test_two_workers_give_the_single_worker_round(name, two_workers):
 @pytest.fixture(scope='module')
 def fedavg_pair():
   """Two FedAvg drivers (one build of the computations, cached per config)."""
-  return (algorithms.build('fedavg', TINY, NUM_CLIENTS),
-          algorithms.build('fedavg', TINY, NUM_CLIENTS))
+  return (catalog.build('fedavg', TINY, NUM_CLIENTS),
+          catalog.build('fedavg', TINY, NUM_CLIENTS))
 
 
 def test_algorithm_driver_uses_the_sharded_round(two_workers, fedavg_pair):

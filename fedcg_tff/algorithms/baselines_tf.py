@@ -25,10 +25,10 @@ from typing import Any
 import attrs
 import tensorflow as tf
 
-from fedcg_tff import networks
-from fedcg_tff import training_tf
+from fedcg_tff.algorithms import training_tf
+from fedcg_tff.algorithms.training_tf import PartyNetworks
 from fedcg_tff.config import FedCGConfig
-from fedcg_tff.training_tf import Networks
+from fedcg_tff.models import model_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,20 +39,20 @@ class Baseline:
   structure of values, while this must stay one hashable Python constant.)
   """
   name: str
-  shared: tuple[str, ...]  # Networks the server averages and broadcasts.
+  shared: tuple[str, ...]  # PartyNetworks the server averages and broadcasts.
   proximal: bool = False  # FedProx's term towards the broadcast weights.
   server_distillation: bool = False  # FedDF: distil on server data.
   server_generator: bool = False  # FedGen: server-trained feature generator.
   # Upload the round's update (trained minus broadcast weights) instead of
   # the weights; the server adds the aggregate to its weights. Same mean,
   # but a clip or noise in the aggregator then acts on the update, as DP
-  # needs (`run_fedcg --dp_sigma`, fedcg_tff/dp.py). Averaging-only
+  # needs (`run_fedcg --dp_sigma`, privacy/dp.py). Averaging-only
   # baselines (fedavg, fedprox, fedsplit).
   upload_update: bool = False
 
   @property
   def client_networks(self) -> tuple[str, ...]:
-    """The networks a client's step builds (`training_tf.Networks`)."""
+    """The networks a client's step builds (`training_tf.PartyNetworks`)."""
     return ('extractor', 'classifier') + (
         ('generator',) if self.server_generator else ())
 
@@ -150,7 +150,7 @@ def _zero_server_metrics():
 # Initial states.
 
 
-def _server_trainables(nets: Networks, baseline: Baseline):
+def _server_trainables(nets: PartyNetworks, baseline: Baseline):
   if baseline.server_distillation:
     return (nets.extractor.trainable_weights +
             nets.classifier.trainable_weights)
@@ -162,7 +162,7 @@ def _server_trainables(nets: Networks, baseline: Baseline):
 def initial_server_state(config: FedCGConfig, baseline: Baseline,
                          aggregator_state) -> ServerState:
   """Global networks drawn from `config.seed`, round 0."""
-  nets = Networks(config, baseline.server_networks)
+  nets = PartyNetworks(config, baseline.server_networks)
   trainables = _server_trainables(nets, baseline)
   return ServerState(
       shared={name: nets.initial_weights(name) for name in baseline.shared},
@@ -178,8 +178,8 @@ def initial_server_state(config: FedCGConfig, baseline: Baseline,
 
 def initial_client_state(config: FedCGConfig, seed) -> ClientState:
   """A client's E, C and optimizer state; `seed` (int64) is the client's
-  private seed (`Networks.initial_weights`)."""
-  nets = Networks(config, ('extractor', 'classifier'))
+  private seed (`PartyNetworks.initial_weights`)."""
+  nets = PartyNetworks(config, ('extractor', 'classifier'))
   seed = tf.cast(seed, tf.int64)
   return ClientState(
       extractor=nets.initial_weights('extractor', seed),
@@ -205,22 +205,22 @@ def proximal_term(variables, reference):
 
 
 @tf.function
-def client_update(nets: Networks, baseline: Baseline, message: ServerMessage,
+def client_update(nets: PartyNetworks, baseline: Baseline, message: ServerMessage,
                   state: ClientState, dataset) -> ClientOutput:
   """One local round: take the broadcast networks, train E and C, upload.
 
   `message` is None for Local (nothing is broadcast).
   """
   config = nets.config
-  networks.assign_weights(nets.extractor, state.extractor)
-  networks.assign_weights(nets.classifier, state.classifier)
+  model_weights.assign(nets.extractor, state.extractor)
+  model_weights.assign(nets.classifier, state.classifier)
   round_num = tf.constant(0, tf.int32)
   if message is not None:
     round_num = message.round_num
     for name in baseline.shared:
-      networks.assign_weights(nets.model(name), message.shared[name])
+      model_weights.assign(nets.model(name), message.shared[name])
     if baseline.server_generator:
-      networks.assign_weights(nets.generator, message.generator)
+      model_weights.assign(nets.generator, message.generator)
 
   extra_loss, extra_weight = None, 1.0
   if baseline.proximal:
@@ -249,8 +249,8 @@ def client_update(nets: Networks, baseline: Baseline, message: ServerMessage,
         nets, state.optimizer, dataset, config.local_epochs, extra_loss,
         extra_weight)
   new_state = ClientState(
-      extractor=networks.weight_values(nets.extractor),
-      classifier=networks.weight_values(nets.classifier),
+      extractor=model_weights.values(nets.extractor),
+      classifier=model_weights.values(nets.classifier),
       optimizer=optimizer,
       seed=state.seed)
   upload = {name: getattr(new_state, name) for name in baseline.shared}
@@ -282,7 +282,7 @@ def server_data_indices(config: FedCGConfig, round_num, num_images):
   return order[:config.distill_samples]
 
 
-def feddf_teacher(nets: Networks, collected, weights, images):
+def feddf_teacher(nets: PartyNetworks, collected, weights, images):
   """Σ_i w_i C_i(E_i(x)) on `images`, w_i = n_i / Σ n (inference mode)."""
   w = training_tf.normalized_weights(weights)
   num_classes = nets.config.num_classes
@@ -291,8 +291,8 @@ def feddf_teacher(nets: Networks, collected, weights, images):
   teacher = tf.zeros([tf.shape(images)[0], num_classes])
   for i in tf.range(tf.shape(w)[0]):
     member = training_tf.member(collected, i)
-    networks.assign_weights(nets.extractor, member['extractor'])
-    networks.assign_weights(nets.classifier, member['classifier'])
+    model_weights.assign(nets.extractor, member['extractor'])
+    model_weights.assign(nets.classifier, member['classifier'])
     teacher += w[i] * training_tf.chunked_logits(logits_fn, (images,),
                                                  num_classes)
   return teacher
@@ -308,17 +308,17 @@ def diversity_loss(features, noise):
   return 1.0 / (ratio + 1e-5)
 
 
-def ensemble_logits(nets: Networks, classifiers, weights, features):
+def ensemble_logits(nets: PartyNetworks, classifiers, weights, features):
   """Σ_i w_i C_i(features): the clients' classifiers loaded in turn into
   `nets.classifier` (differentiable in `features`)."""
   logits = tf.zeros([tf.shape(features)[0], nets.config.num_classes])
   for i in tf.range(tf.shape(weights)[0]):
-    networks.assign_weights(nets.classifier, training_tf.member(classifiers, i))
+    model_weights.assign(nets.classifier, training_tf.member(classifiers, i))
     logits += weights[i] * nets.classifier(features, training=False)
   return logits
 
 
-def train_generator(nets: Networks, optimizer_state, classifiers, weights,
+def train_generator(nets: PartyNetworks, optimizer_state, classifiers, weights,
                     round_num):
   """FedGen's server step: `distill_steps` Adam steps of G on
   CE(Σ_i w_i C_i(G(z, y)), y) + diversity_weight · diversity.
@@ -354,7 +354,7 @@ def train_generator(nets: Networks, optimizer_state, classifiers, weights,
 
 
 @tf.function
-def server_update(nets: Networks, baseline: Baseline, state: ServerState,
+def server_update(nets: PartyNetworks, baseline: Baseline, state: ServerState,
                   aggregator_state, averaged, collected=None, weights=None,
                   server_images=None):
   """The new global networks: the weighted mean `averaged`, then FedDF's
@@ -378,23 +378,23 @@ def server_update(nets: Networks, baseline: Baseline, state: ServerState,
                                   tf.shape(server_images)[0])
     images = tf.gather(server_images, indices)
     teacher = feddf_teacher(nets, collected, weights, images)
-    networks.assign_weights(nets.extractor, averaged['extractor'])
-    networks.assign_weights(nets.classifier, averaged['classifier'])
+    model_weights.assign(nets.extractor, averaged['extractor'])
+    model_weights.assign(nets.classifier, averaged['classifier'])
     student = lambda x: nets.classifier(nets.extractor(x, training=True),
                                         training=True)
     optimizer_state, kls = training_tf.distill(
         nets, optimizer_state, _server_trainables(nets, baseline), student,
         (images,), teacher)
-    shared = {'extractor': networks.weight_values(nets.extractor),
-              'classifier': networks.weight_values(nets.classifier)}
+    shared = {'extractor': model_weights.values(nets.extractor),
+              'classifier': model_weights.values(nets.classifier)}
     metrics = ServerMetrics(*training_tf.loss_summary(kls),
                             diversity=tf.constant(0.0))
   elif baseline.server_generator:
-    networks.assign_weights(nets.generator, state.generator)
+    model_weights.assign(nets.generator, state.generator)
     optimizer_state, ces, diversity = train_generator(
         nets, optimizer_state, collected['classifier'], weights,
         state.round_num)
-    generator = networks.weight_values(nets.generator)
+    generator = model_weights.values(nets.generator)
     metrics = ServerMetrics(*training_tf.loss_summary(ces),
                             diversity=diversity)
   new_state = ServerState(shared=shared, generator=generator,

@@ -14,10 +14,10 @@ from typing import Any
 import attrs
 import tensorflow as tf
 
-from fedcg_tff import networks
-from fedcg_tff import training_tf
+from fedcg_tff.algorithms import training_tf
+from fedcg_tff.algorithms.training_tf import PartyNetworks
 from fedcg_tff.config import FedCGConfig
-from fedcg_tff.training_tf import Networks
+from fedcg_tff.models import model_weights
 
 # The networks of the server's step and state: the shared G_g and C_g.
 SERVER_NETWORKS = ('classifier', 'generator')
@@ -99,8 +99,8 @@ class ServerMetrics:
 
 def initial_server_state(config: FedCGConfig, aggregator_state) -> ServerState:
   """G_g and C_g drawn from `config.seed`, a fresh server optimizer, round 0
-  (`round_num` is 0-based: experiment.ROUND_NUMBERING)."""
-  nets = Networks(config, SERVER_NETWORKS)
+  (`round_num` is 0-based: program.round_loop.ROUND_NUMBERING)."""
+  nets = PartyNetworks(config, SERVER_NETWORKS)
   trainable = (nets.generator.trainable_weights +
                nets.classifier.trainable_weights)
   return ServerState(
@@ -116,8 +116,8 @@ def initial_server_state(config: FedCGConfig, aggregator_state) -> ServerState:
 def initial_client_state(config: FedCGConfig, seed) -> ClientState:
   """A client's E, C, D and optimizer states; `seed` (int64) is the
   client's private seed (noise, and E and D under `client_init='private'`:
-  `Networks.initial_weights`)."""
-  nets = Networks(config)
+  `PartyNetworks.initial_weights`)."""
+  nets = PartyNetworks(config)
   seed = tf.cast(seed, tf.int64)
   ec = nets.extractor.trainable_weights + nets.classifier.trainable_weights
   init = training_tf.initial_optimizer_state
@@ -142,7 +142,7 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
 
 def gamma_ramp(round_num, ramp_rounds: int = 50):
   """gamma = 2 / (1 + exp(-10 p)) - 1 with p = min(round_num / ramp_rounds,
-  1), `round_num` the 0-based round index (experiment.ROUND_NUMBERING): 0 in
+  1), `round_num` the 0-based round index (program.round_loop.ROUND_NUMBERING): 0 in
   the first round."""
   p = tf.minimum(tf.cast(round_num, tf.float32) / float(ramp_rounds), 1.0)
   return 2.0 / (1.0 + tf.exp(-10.0 * p)) - 1.0
@@ -166,7 +166,7 @@ _bce = tf.keras.losses.BinaryCrossentropy(
     from_logits=True, reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)
 
 
-def train_classification(nets: Networks, optimizer_state, dataset, gamma,
+def train_classification(nets: PartyNetworks, optimizer_state, dataset, gamma,
                          seed, round_num):
   """Stage 1: `local_epochs` passes of L_cls + gamma * L_dist over E and C.
 
@@ -188,7 +188,7 @@ def train_classification(nets: Networks, optimizer_state, dataset, gamma,
       extra_weight=gamma)
 
 
-def train_gan(nets: Networks, d_optimizer_state, g_optimizer_state, dataset,
+def train_gan(nets: PartyNetworks, d_optimizer_state, g_optimizer_state, dataset,
               seed, round_num):
   """Stage 2: `gan_epochs` passes of alternating D and G steps (BCE).
 
@@ -244,7 +244,7 @@ def generated_logits(generator, classifier, noise, labels):
 
 
 @tf.function
-def client_update(nets: Networks, message: ServerMessage, state: ClientState,
+def client_update(nets: PartyNetworks, message: ServerMessage, state: ClientState,
                   dataset, timed: bool = False) -> ClientOutput:
   """One FedCG client round: load G_g/C_g, stage 1, stage 2, teacher logits.
 
@@ -253,10 +253,10 @@ def client_update(nets: Networks, message: ServerMessage, state: ClientState,
   phases (the values computed are the same either way).
   """
   config = nets.config
-  networks.assign_weights(nets.generator, message.generator)
-  networks.assign_weights(nets.classifier, message.classifier)
-  networks.assign_weights(nets.extractor, state.extractor)
-  networks.assign_weights(nets.discriminator, state.discriminator)
+  model_weights.assign(nets.generator, message.generator)
+  model_weights.assign(nets.classifier, message.classifier)
+  model_weights.assign(nets.extractor, state.extractor)
+  model_weights.assign(nets.discriminator, state.discriminator)
   gamma = gamma_ramp(message.round_num, config.gamma_ramp_rounds)
 
   stamps = []
@@ -286,18 +286,18 @@ def client_update(nets: Networks, message: ServerMessage, state: ClientState,
                                message.distill_noise, message.distill_labels)
   stamp(teacher)
 
-  classifier = networks.weight_values(nets.classifier)
+  classifier = model_weights.values(nets.classifier)
   new_state = ClientState(
-      extractor=networks.weight_values(nets.extractor),
+      extractor=model_weights.values(nets.extractor),
       classifier=classifier,
-      discriminator=networks.weight_values(nets.discriminator),
+      discriminator=model_weights.values(nets.discriminator),
       classification_optimizer=cls_opt,
       discriminator_optimizer=d_opt,
       generator_optimizer=g_opt,
       seed=state.seed,
   )
   upload = ClientUpload(
-      generator=networks.weight_values(nets.generator),
+      generator=model_weights.values(nets.generator),
       classifier=classifier,
       teacher_logits=teacher,
   )
@@ -325,7 +325,7 @@ def distillation_inputs(config: FedCGConfig, round_num):
   return noise, labels
 
 
-def distill(nets: Networks, optimizer_state, noise, labels, teacher_logits):
+def distill(nets: PartyNetworks, optimizer_state, noise, labels, teacher_logits):
   """KL distillation of the teacher logits into (G, C) = (nets.generator,
   nets.classifier), `batch_size` rows of (z, y, teacher) per step, in order.
 
@@ -344,16 +344,16 @@ def distill(nets: Networks, optimizer_state, noise, labels, teacher_logits):
 
 
 @tf.function
-def server_update(nets: Networks, state: ServerState, aggregator_state,
+def server_update(nets: PartyNetworks, state: ServerState, aggregator_state,
                   averaged: ClientUpload, noise, labels):
   """Weighted-average (G, C) from the aggregator, then distil the ensemble."""
-  networks.assign_weights(nets.generator, averaged.generator)
-  networks.assign_weights(nets.classifier, averaged.classifier)
+  model_weights.assign(nets.generator, averaged.generator)
+  model_weights.assign(nets.classifier, averaged.classifier)
   optimizer_state, kls = distill(nets, state.optimizer_state, noise, labels,
                                  averaged.teacher_logits)
   new_state = ServerState(
-      generator=networks.weight_values(nets.generator),
-      classifier=networks.weight_values(nets.classifier),
+      generator=model_weights.values(nets.generator),
+      classifier=model_weights.values(nets.classifier),
       optimizer_state=optimizer_state,
       aggregator_state=aggregator_state,
       round_num=state.round_num + 1,

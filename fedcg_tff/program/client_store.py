@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fedcg_tff import checkpoint
+from fedcg_tff.program import checkpoint
 
 
 @dataclasses.dataclass(frozen=True)

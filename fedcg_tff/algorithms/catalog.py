@@ -4,13 +4,13 @@ from typing import Optional
 
 import numpy as np
 
-from fedcg_tff import baselines_tff
-from fedcg_tff import client_store
-from fedcg_tff import fedcg_tff
-from fedcg_tff import process_tff
+from fedcg_tff.algorithms import baselines_process_tff
+from fedcg_tff.algorithms import fedcg_process_tff
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.program import client_store
+from fedcg_tff.program import driver
 
-ALGORITHMS = (*baselines_tff.ALGORITHMS, 'fedcg')
+ALGORITHMS = (*baselines_process_tff.ALGORITHMS, 'fedcg')
 
 
 def needs_server_images(algorithm: str) -> bool:
@@ -26,8 +26,8 @@ def build(algorithm: str,
           server_images_dir: Optional[str] = None,
           sampling: Optional[client_store.ClientSampling] = None,
           upload_updates: bool = False
-          ) -> process_tff.ProcessAlgorithm:
-  """The driver of `algorithm` for `experiment.run`; `sampling`: clients per
+          ) -> driver.ProcessAlgorithm:
+  """The driver of `algorithm` for `round_loop.run`; `sampling`: clients per
   round and where client states live (default: all clients, in memory).
 
   `upload_updates` (fedavg, fedprox, fedsplit): clients upload their
@@ -40,10 +40,10 @@ def build(algorithm: str,
   if algorithm == 'fedcg':
     if upload_updates:
       raise ValueError('upload_updates applies to '
-                       f'{baselines_tff.UPDATE_ALGORITHMS}, not fedcg')
-    return fedcg_tff.FedCGAlgorithm(config, num_clients, aggregation_factory,
+                       f'{baselines_process_tff.UPDATE_ALGORITHMS}, not fedcg')
+    return fedcg_process_tff.FedCGAlgorithm(config, num_clients, aggregation_factory,
                                     sampling=sampling)
-  return baselines_tff.BaselineAlgorithm(
+  return baselines_process_tff.BaselineAlgorithm(
       config, algorithm, num_clients, aggregation_factory,
       server_images=server_images, server_images_dir=server_images_dir,
       sampling=sampling, upload_updates=upload_updates)

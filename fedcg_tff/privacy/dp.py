@@ -7,7 +7,7 @@ Privacy's `GaussianSumQuery` applied to a single client's record, which
 clips the record to L2 norm `clip` (over all its tensors together) and adds
 independent N(0, sigma^2) noise to every coordinate.
 
-* Attack side (`privacy_tf`): the record is the gradient of the shared
+* Attack side (`dlg_tf`): the record is the gradient of the shared
   networks for one batch; the attacker observes `gaussian_mechanism(g)`.
 * Training side (`run_fedcg --dp_sigma`): the record is a client's model
   update of the round (its E and C after local training minus the

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fedcg_tff import checkpoint
-from fedcg_tff import experiment
+from fedcg_tff.program import checkpoint
+from fedcg_tff.program import round_loop
+from fedcg_tff.program import run_files
 
 
 class _ScriptedAlgorithm:
@@ -38,7 +39,7 @@ class _ScriptedAlgorithm:
 
 
 def test_tracker_keeps_test_at_best_validation():
-  t = experiment.BestTracker(2)
+  t = round_loop.BestTracker(2)
   assert t.update(0, [0.5, 0.6], [0.4, 0.7])
   assert t.update(1, [0.7, 0.5], [0.65, 0.9])  # client 0 improves
   assert not t.update(2, [0.7, 0.6], [0.99, 0.99])  # ties are no new best
@@ -56,8 +57,8 @@ def test_run_stops_after_patience_rounds_without_a_new_best(tmp_path):
           [0.1, 0.1], [0.9, 0.9]]
   algo = _ScriptedAlgorithm(val, test)
   lines = []
-  writer = experiment.MetricsWriter(str(tmp_path))
-  result = experiment.run(algo, train_data_fn=lambda r: [f'data{r}'],
+  writer = run_files.MetricsWriter(str(tmp_path))
+  result = round_loop.run(algo, train_data_fn=lambda r: [f'data{r}'],
                           val_data=[None, None], test_data=[None, None],
                           max_rounds=7, patience=3, writer=writer,
                           log=lines.append)
@@ -79,7 +80,7 @@ def test_run_stops_after_patience_rounds_without_a_new_best(tmp_path):
 def test_run_without_early_stop_runs_max_rounds():
   algo = _ScriptedAlgorithm([[0.1 * r] for r in range(4)],
                             [[0.1 * r] for r in range(4)])
-  result = experiment.run(algo, lambda r: [], [None], [None], max_rounds=4,
+  result = round_loop.run(algo, lambda r: [], [None], [None], max_rounds=4,
                           patience=2, log=lambda _: None)
   assert not result.stopped_early and result.rounds_run == 4
   assert len(result.round_seconds) == 4
@@ -88,16 +89,16 @@ def test_run_without_early_stop_runs_max_rounds():
 def test_prepare_output_dir_refuses_foreign_or_different_runs(tmp_path):
   (tmp_path / 'metrics.csv').write_text('round\n0\n')
   with pytest.raises(FileExistsError, match='--output_dir.*holds no run.json'):
-    experiment.prepare_output_dir(str(tmp_path), {'run': {'rounds': 3}})
+    run_files.prepare_output_dir(str(tmp_path), {'run': {'rounds': 3}})
   assert (tmp_path / 'metrics.csv').read_text() == 'round\n0\n'
   new = tmp_path / 'new'
   definition = {'config': {'lr': 0.001}, 'run': {'rounds': 3}}
-  assert not experiment.prepare_output_dir(str(new), definition)
+  assert not run_files.prepare_output_dir(str(new), definition)
   assert json.loads((new / 'run.json').read_text()) == definition
-  assert experiment.prepare_output_dir(str(new), definition)  # Resumable.
+  assert run_files.prepare_output_dir(str(new), definition)  # Resumable.
   with pytest.raises(FileExistsError,
                      match=r'--lr: stored 0.001, given 0.01.*same flags'):
-    experiment.prepare_output_dir(
+    run_files.prepare_output_dir(
         str(new), {'config': {'lr': 0.01}, 'run': {'rounds': 3}})
   assert json.loads((new / 'run.json').read_text()) == definition
 
@@ -117,20 +118,20 @@ def test_run_resumes_from_checkpoints(tmp_path):
   val = [[0.1 * r, 0.2] for r in range(6)]
   test = [[0.05 * r, 0.1] for r in range(6)]
   checkpoints = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
-  writer = experiment.MetricsWriter(str(tmp_path))
+  writer = run_files.MetricsWriter(str(tmp_path))
   first = _ScriptedAlgorithm(val, test)
-  experiment.run(first, lambda r: [r], [None, None], [None, None],
+  round_loop.run(first, lambda r: [r], [None, None], [None, None],
                  max_rounds=3, patience=9, writer=writer, log=lambda _: None,
                  checkpoints=checkpoints)
   assert checkpoints.latest_round() == 3
   # A crash after round 4's metrics were released, before its state was
   # saved: the CSV holds a row that the resumed run must replace.
-  experiment.MetricsWriter(str(tmp_path)).write(4, {'mean/val_accuracy': 9.0})
+  run_files.MetricsWriter(str(tmp_path)).write(4, {'mean/val_accuracy': 9.0})
   lines = []
   second = _ScriptedAlgorithm(val, test)
-  result = experiment.run(second, lambda r: [r], [None, None], [None, None],
+  result = round_loop.run(second, lambda r: [r], [None, None], [None, None],
                           max_rounds=6, patience=9,
-                          writer=experiment.MetricsWriter(str(tmp_path)),
+                          writer=run_files.MetricsWriter(str(tmp_path)),
                           log=lines.append, checkpoints=checkpoints)
   assert lines[0].startswith('resuming after round 3')
   assert [r for r, _ in second.rounds] == [3, 4, 5]  # None lost or repeated.
@@ -146,7 +147,7 @@ def test_run_resumes_from_checkpoints(tmp_path):
   assert _tensorboard_steps(tmp_path / 'tensorboard') == [1, 2, 3, 4, 5, 6]
   # A finished run that is started again does nothing more.
   third = _ScriptedAlgorithm(val, test)
-  again = experiment.run(third, lambda r: [r], [None, None], [None, None],
+  again = round_loop.run(third, lambda r: [r], [None, None], [None, None],
                          max_rounds=6, patience=9, log=lambda _: None,
                          checkpoints=checkpoints)
   assert third.rounds == [] and again.rounds_run == 6
@@ -159,24 +160,24 @@ def test_non_finite_values_stop_the_run_naming_them(tmp_path):
   algo.state = lambda: (state()[0], [{'weights': np.array(
       [0.0, np.nan if getattr(algo, '_round', -1) == 1 else 0.0],
       np.float32)}])
-  with pytest.raises(experiment.NumericalFault,
+  with pytest.raises(round_loop.NumericalFault,
                      match=r'round 2, client 0 state: weights holds 1 '):
-    experiment.run(algo, lambda r: [], [None], [None], max_rounds=3,
-                   patience=9, writer=experiment.MetricsWriter(str(tmp_path)),
+    round_loop.run(algo, lambda r: [], [None], [None], max_rounds=3,
+                   patience=9, writer=run_files.MetricsWriter(str(tmp_path)),
                    log=lambda _: None, checkpoints=checkpoints)
   assert checkpoints.latest_round() == 1  # The last good round.
   with open(tmp_path / 'metrics.csv') as f:
     assert [r['round'] for r in csv.DictReader(f)] == ['1']
-  with pytest.raises(experiment.NumericalFault,
+  with pytest.raises(round_loop.NumericalFault,
                      match=r'round 4, client 3: cls_loss is nan'):
-    experiment.check_finite(4, {'client_3/cls_loss': float('nan')},
+    round_loop.check_finite(4, {'client_3/cls_loss': float('nan')},
                             ({}, []))
-  with pytest.raises(experiment.NumericalFault,
+  with pytest.raises(round_loop.NumericalFault,
                      match=r'round 1, server: distill_kl is inf'):
-    experiment.check_finite(1, {'server/distill_kl': float('inf')}, ({}, []))
+    round_loop.check_finite(1, {'server/distill_kl': float('inf')}, ({}, []))
   # A client's fault is named before its consequences at the server.
-  with pytest.raises(experiment.NumericalFault, match=r'client 0: d_loss'):
-    experiment.check_finite(1, {'server/distill_kl': float('nan'),
+  with pytest.raises(round_loop.NumericalFault, match=r'client 0: d_loss'):
+    round_loop.check_finite(1, {'server/distill_kl': float('nan'),
                                 'mean/d_loss': float('nan'),
                                 'client_0/d_loss': float('nan')}, ({}, []))
 

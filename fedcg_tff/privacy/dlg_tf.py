@@ -79,16 +79,16 @@ import numpy as np
 import scipy.optimize
 import tensorflow as tf
 
-from fedcg_tff import dp
-from fedcg_tff import models
-from fedcg_tff import networks
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.models import families
+from fedcg_tff.models import model_weights
+from fedcg_tff.privacy import dp
 
 PSNR_CAP_DB = 100.0
 ATTACK_OPTIMIZERS = ('lbfgs', 'adam')
 LABEL_MODES = ('auto', 'infer', 'optimize')
 # Offset between the run's seed and the attacker's stand-in extractor seed.
-# The clients' seeds are seed * 1000 + i + 1 (process_tff.client_seeds), so
+# The clients' seeds are seed * 1000 + i + 1 (program.driver.client_seeds), so
 # this one is no client's (for seed >= 1, or fewer than 500 clients).
 STAND_IN_SEED_OFFSET = 500
 
@@ -100,8 +100,8 @@ class ThreatModel:
   """What an honest-but-curious server sees of one client in a round."""
   name: str  # Row of the report: 'fedavg', 'fedavg_dp0.1', 'fedcg', ...
   algorithm: str  # The training algorithm (`run_fedcg --algorithm`).
-  gradients: tuple[str, ...]  # Networks whose gradient it observes.
-  holds: tuple[str, ...]  # Networks whose weights it holds.
+  gradients: tuple[str, ...]  # PartyNetworks whose gradient it observes.
+  holds: tuple[str, ...]  # PartyNetworks whose weights it holds.
   dp_sigma: float = 0.0  # Gaussian mechanism on the gradient (0: none).
   dp_clip: float = 0.0
   statement: str = ''
@@ -203,17 +203,17 @@ def round_one_networks(config: FedCGConfig, threat: ThreatModel,
   `initial_server_state` draws them) for what is shared, and the client's
   own initial extractor where E is private: the same public draw under
   shared init, a draw from `client_seed` under private init (as
-  `training_tf.Networks.initial_weights` draws a client's state)."""
+  `training_tf.PartyNetworks.initial_weights` draws a client's state)."""
   e_seed = (client_seed if threat.private_extractor and
             threat.client_init == 'private' else config.seed)
   draw = lambda build, s: tuple(np.asarray(v) for v in (
-      networks.sample_initial_weights(build(), tf.constant(s, tf.int64))))
+      model_weights.sample_initial(build(), tf.constant(s, tf.int64))))
   return ClientNetworks(
-      extractor=draw(lambda: models.build_extractor(
+      extractor=draw(lambda: families.build_extractor(
           config.model, config.image_channels), e_seed),
-      classifier=draw(lambda: models.build_classifier(
+      classifier=draw(lambda: families.build_classifier(
           config.model, config.num_classes), config.seed),
-      generator=draw(lambda: models.build_generator(
+      generator=draw(lambda: families.build_generator(
           config.model, config.num_classes, config.noise_dim), config.seed))
 
 
@@ -246,10 +246,10 @@ def observe(config: FedCGConfig, threat: ThreatModel, client: ClientNetworks,
   Noise (fedavg_dp) comes from TF's global random state: seed it with
   `tf.random.set_seed` for a reproducible draw.
   """
-  extractor = models.build_extractor(config.model, config.image_channels)
-  classifier = models.build_classifier(config.model, config.num_classes)
-  networks.assign_weights(extractor, client.extractor)
-  networks.assign_weights(classifier, client.classifier)
+  extractor = families.build_extractor(config.model, config.image_channels)
+  classifier = families.build_classifier(config.model, config.num_classes)
+  model_weights.assign(extractor, client.extractor)
+  model_weights.assign(classifier, client.classifier)
   nets = {'extractor': extractor, 'classifier': classifier}
   variables = {name: nets[name].trainable_variables
                for name in threat.gradients}
@@ -325,8 +325,8 @@ def stand_in_extractor(config: FedCGConfig, seed: int) -> tuple:
   """An extractor drawn from the initialisation distribution with `seed`:
   the attacker's own seed gives its stand-in for a private E, the run's
   seed the public initial E of shared init."""
-  model = models.build_extractor(config.model, config.image_channels)
-  return tuple(np.asarray(v) for v in networks.sample_initial_weights(
+  model = families.build_extractor(config.model, config.image_channels)
+  return tuple(np.asarray(v) for v in model_weights.sample_initial(
       model, tf.constant(seed, tf.int64)))
 
 
@@ -351,9 +351,9 @@ class _Matcher:
     floatx = tf.keras.backend.floatx()
     tf.keras.backend.set_floatx('float64')
     try:
-      self.extractor = models.build_extractor(config.model,
+      self.extractor = families.build_extractor(config.model,
                                               config.image_channels)
-      self.classifier = models.build_classifier(config.model,
+      self.classifier = families.build_classifier(config.model,
                                                 config.num_classes)
     finally:
       tf.keras.backend.set_floatx(floatx)
@@ -381,8 +381,8 @@ class _Matcher:
   def load(self, observation: Observation, extractor_weights,
            labels: Optional[np.ndarray]):
     wide = lambda values: [np.asarray(v, np.float64) for v in values]
-    networks.assign_weights(self.extractor, wide(extractor_weights))
-    networks.assign_weights(self.classifier,
+    model_weights.assign(self.extractor, wide(extractor_weights))
+    model_weights.assign(self.classifier,
                             wide(observation.weights['classifier']))
     target = [g for name in observation.threat.gradients
               for g in observation.gradients[name]]

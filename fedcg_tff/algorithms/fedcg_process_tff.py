@@ -17,7 +17,7 @@ can spread the clients over several TFF workers with the same results.
 
 The private extractor E_i lives in the CLIENTS-placed client state, which is
 an input and an output of `next` and never an argument of a broadcast or an
-aggregation (`tests/fedcg_tff_test.py` checks the type signatures).
+aggregation (`tests/fedcg_process_tff_test.py` checks the type signatures).
 
 Since the teacher `softmax(sum_i w_i C_i(G_i(z, y)))` is a weighted mean of
 per-client logits on server-chosen (z, y), it is computed by the clients and
@@ -30,12 +30,12 @@ from typing import Optional
 import numpy as np
 import tensorflow_federated as tff
 
-from fedcg_tff import client_store
-from fedcg_tff import devices
-from fedcg_tff import fedcg_tf
-from fedcg_tff import process_tff
-from fedcg_tff import round_parts
+from fedcg_tff.algorithms import fedcg_tf
+from fedcg_tff.algorithms import round_tff
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.execution import devices
+from fedcg_tff.program import client_store
+from fedcg_tff.program import driver
 
 
 @functools.lru_cache
@@ -52,7 +52,7 @@ class FedCGComputations:
                aggregation_factory: tff.aggregators.WeightedAggregationFactory,
                timed: bool = False):
     self.config = config.validate()
-    self.data_type = process_tff.data_type(config)
+    self.data_type = round_tff.data_type(config)
     self.client_state_type = (
         init_client_computation(config).type_signature.result)
 
@@ -100,7 +100,7 @@ class FedCGComputations:
     def client_update(message, state, dataset):
       with devices.scope():
         return fedcg_tf.client_update(
-            fedcg_tf.Networks(config), message, state, dataset, timed)
+            fedcg_tf.PartyNetworks(config), message, state, dataset, timed)
 
     self.client_update = client_update
 
@@ -111,7 +111,7 @@ class FedCGComputations:
       noise, labels = zy
       with devices.scope():
         return fedcg_tf.server_update(
-            fedcg_tf.Networks(config, fedcg_tf.SERVER_NETWORKS), state,
+            fedcg_tf.PartyNetworks(config, fedcg_tf.SERVER_NETWORKS), state,
             aggregator_state, averaged, noise, labels)
 
     self.server_update = server_update
@@ -128,8 +128,8 @@ def build_fedcg_process(
   `initialize()` returns the server state (G_g, C_g, server optimizer state,
   aggregator state, round number). `next(server_state, client_states,
   client_data)` runs one round and returns `(server_state, client_states,
-  process_tff.RoundMetrics)`; client states come from
-  `process_tff.build_client_state_initializer(init_client_computation(...))`.
+  round_tff.RoundMetrics)`; client states come from
+  `round_tff.build_client_state_initializer(init_client_computation(...))`.
   `aggregation_factory` (default: weighted mean) aggregates what the clients
   share, so DP or secure aggregation from `tff.aggregators` plug in here.
   `timed` (binaries/benchmark.py) adds phase timestamps to the clients'
@@ -143,7 +143,7 @@ def build_fedcg_process(
   def initialize():
     return tff.federated_map(comps.init_server, aggregator.initialize())
 
-  parameter_types = process_tff.next_parameter_types(
+  parameter_types = round_tff.next_parameter_types(
       config, comps.server_state_type, comps.client_state_type)
   server_state_type, client_states_type, data_type = parameter_types
 
@@ -170,13 +170,13 @@ def build_fedcg_process(
         (server_state, aggregated.state, aggregated.result, zy))
     return new_server_state, server_metrics, aggregated.measurements
 
-  return round_parts.RoundProcess(
-      initialize, round_parts.RoundParts(clients_step, server_step),
+  return round_tff.RoundProcess(
+      initialize, round_tff.RoundParts(clients_step, server_step),
       parameter_types)
 
 
-class FedCGAlgorithm(process_tff.ProcessAlgorithm):
-  """FedCG driven round by round for `experiment.run`."""
+class FedCGAlgorithm(driver.ProcessAlgorithm):
+  """FedCG driven round by round for `round_loop.run`."""
 
   def __init__(self, config: FedCGConfig, num_clients: int,
                aggregation_factory=None,

@@ -40,7 +40,7 @@ def configure(device: str, logical_per_gpu: int = 1,
     raise ValueError(
         'TensorFlow sees no GPU in this process (a CUDA build of TensorFlow '
         'and a driver are needed), and the pip TFF worker is CPU-only: see '
-        'fedcg_tff/devices.py for what a GPU run needs')
+        'fedcg_tff/execution/devices.py for what a GPU run needs')
   if logical_per_gpu < 1:
     raise ValueError(f'logical_per_gpu must be >= 1, got {logical_per_gpu}')
   for gpu in gpus:

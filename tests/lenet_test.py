@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fedcg_tff import networks
+from fedcg_tff.models import layers
+from fedcg_tff.models import lenet
+from fedcg_tff.models import model_weights
 
 
 def _trainable(model):
@@ -12,26 +14,26 @@ def _trainable(model):
 
 
 def test_extractor_shape_and_params():
-  e = networks.build_extractor(1)
+  e = lenet.build_extractor(1)
   assert e(tf.zeros([2, 32, 32, 1])).shape == (2, 5, 5, 16)
   # conv 5x5x1x6 + 6 bias, conv 5x5x6x16 + 16 bias.
   assert _trainable(e) == 156 + 2416 == e.count_params()
-  assert networks.build_extractor(3).count_params() == 456 + 2416
+  assert lenet.build_extractor(3).count_params() == 456 + 2416
 
 
 def test_extractor_features_are_sigmoid_outputs():
-  f = networks.build_extractor(1)(tf.random.normal([4, 32, 32, 1]))
+  f = lenet.build_extractor(1)(tf.random.normal([4, 32, 32, 1]))
   assert float(tf.reduce_min(f)) > 0.0 and float(tf.reduce_max(f)) < 1.0
 
 
 def test_classifier_shape_and_params():
-  c = networks.build_classifier(10)
+  c = lenet.build_classifier(10)
   assert c(tf.zeros([2, 5, 5, 16])).shape == (2, 10)
   assert _trainable(c) == (400 * 120 + 120) + (120 * 84 + 84) + (84 * 10 + 10)
 
 
 def test_generator_shape_params_and_no_bias():
-  g = networks.build_generator(10, 100)
+  g = lenet.build_generator(10, 100)
   out = g([tf.random.normal([3, 100]), tf.constant([0, 4, 9])], training=True)
   assert out.shape == (3, 5, 5, 16)
   assert float(tf.reduce_min(out)) >= 0.0 and float(tf.reduce_max(out)) <= 1.0
@@ -46,14 +48,14 @@ def test_generator_shape_params_and_no_bias():
 
 
 def test_discriminator_shape_params_and_spectral_norm_layers():
-  d = networks.build_discriminator(10)
+  d = lenet.build_discriminator(10)
   out = d([tf.random.uniform([3, 5, 5, 16]), tf.constant([1, 2, 3])],
           training=True)
   assert out.shape == (3,)
   convs = (26 * 128 + 128 * 256 + 256 * 512 + 512 * 1) * 4
   batch_norm = 2 * (128 + 256 + 512)
   assert _trainable(d) == 10 * 10 + convs + batch_norm
-  sn = [l for l in d.layers if isinstance(l, networks.SpectralNormConv2D)]
+  sn = [l for l in d.layers if isinstance(l, layers.SpectralNormConv2D)]
   assert [l.filters for l in sn] == [128, 256, 512, 1]
   assert not any(l.use_bias for l in sn)
   # Non-trainable: BN moving statistics and one power-iteration vector each.
@@ -61,7 +63,7 @@ def test_discriminator_shape_params_and_spectral_norm_layers():
 
 
 def test_discriminator_label_changes_output():
-  d = networks.build_discriminator(10)
+  d = lenet.build_discriminator(10)
   f = tf.random.uniform([1, 5, 5, 16])
   a = d([f, tf.constant([0])], training=False)
   b = d([f, tf.constant([7])], training=False)
@@ -69,7 +71,7 @@ def test_discriminator_label_changes_output():
 
 
 def test_spectral_norm_largest_singular_value_is_one():
-  layer = networks.SpectralNormConv2D(
+  layer = layers.SpectralNormConv2D(
       64, 2, use_bias=False,
       kernel_initializer=tf.keras.initializers.RandomNormal(0.0, 0.5, seed=3))
   layer.build((None, 4, 4, 32))
@@ -85,7 +87,7 @@ def test_spectral_norm_largest_singular_value_is_one():
 
 
 def test_spectral_norm_u_only_moves_in_training():
-  layer = networks.SpectralNormConv2D(8, 2)
+  layer = layers.SpectralNormConv2D(8, 2)
   x = tf.random.normal([2, 3, 3, 4])
   layer(x, training=False)
   u0 = layer.sn_u.numpy().copy()
@@ -107,9 +109,9 @@ def test_extractor_and_classifier_follow_pytorch_default_init(draw):
   code), both as Keras builds them and as `sample_initial_weights` (what
   every run uses) redraws them."""
   pooled = []  # Every value divided by its layer's bound.
-  for model in (networks.build_extractor(1), networks.build_classifier(10)):
+  for model in (lenet.build_extractor(1), lenet.build_classifier(10)):
     values = (model.weights if draw == 'keras' else
-              networks.sample_initial_weights(model, tf.constant(7, tf.int64)))
+              model_weights.sample_initial(model, tf.constant(7, tf.int64)))
     for variable, value in zip(model.weights, values):
       layer, kind = variable.name.split('/')[:2]
       bound = 1.0 / np.sqrt(_FAN_IN[layer])
@@ -127,14 +129,14 @@ def test_extractor_and_classifier_follow_pytorch_default_init(draw):
   # Biases alone (6 to 120 values a layer): the same distribution.
   biases = np.concatenate([
       w.numpy().ravel() * np.sqrt(_FAN_IN[w.name.split('/')[0]])
-      for m in (networks.build_extractor(1), networks.build_classifier(10))
+      for m in (lenet.build_extractor(1), lenet.build_classifier(10))
       for w in m.weights if 'bias' in w.name])
   assert len(biases) == 6 + 16 + 120 + 84 + 10
   assert biases.std() == pytest.approx(1 / np.sqrt(3), rel=0.15)
 
 
 def test_gan_init_distributions():
-  g = networks.build_generator()
+  g = lenet.build_generator()
   kernel = g.get_layer('deconv2').kernel.numpy()
   assert abs(kernel.mean()) < 0.002 and kernel.std() == pytest.approx(0.02, rel=0.05)
   gammas = [l.gamma.numpy() for l in g.layers
@@ -144,13 +146,13 @@ def test_gan_init_distributions():
 
 
 @pytest.mark.parametrize('builder', [
-    networks.build_extractor, networks.build_classifier,
-    networks.build_generator, networks.build_discriminator])
+    lenet.build_extractor, lenet.build_classifier,
+    lenet.build_generator, lenet.build_discriminator])
 def test_sample_initial_weights_seeded(builder):
   model = builder()
-  a = networks.sample_initial_weights(model, tf.constant(5, tf.int64))
-  b = networks.sample_initial_weights(model, tf.constant(5, tf.int64))
-  c = networks.sample_initial_weights(model, tf.constant(6, tf.int64))
+  a = model_weights.sample_initial(model, tf.constant(5, tf.int64))
+  b = model_weights.sample_initial(model, tf.constant(5, tf.int64))
+  c = model_weights.sample_initial(model, tf.constant(6, tf.int64))
   assert [t.shape for t in a] == [v.shape for v in model.weights]
   for x, y in zip(a, b):
     np.testing.assert_array_equal(x.numpy(), y.numpy())
@@ -168,13 +170,13 @@ def test_sample_initial_weights_seeded(builder):
 
 
 def test_weight_values_roundtrip():
-  c = networks.build_classifier()
-  values = networks.sample_initial_weights(c, tf.constant(1, tf.int64))
-  networks.assign_weights(c, values)
-  for a, b in zip(networks.weight_values(c), values):
+  c = lenet.build_classifier()
+  values = model_weights.sample_initial(c, tf.constant(1, tf.int64))
+  model_weights.assign(c, values)
+  for a, b in zip(model_weights.values(c), values):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
   with pytest.raises(ValueError, match='classifier'):
-    networks.assign_weights(c, values[:2])
+    model_weights.assign(c, values[:2])
 
 
 if __name__ == '__main__':

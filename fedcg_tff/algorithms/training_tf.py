@@ -1,7 +1,7 @@
 """Plain-TensorFlow training pieces shared by FedCG and every baseline.
 
-Nothing here knows about TFF. Networks travel as tuples of tensors
-(`networks.weight_values`); a function that trains assigns the incoming
+Nothing here knows about TFF. PartyNetworks travel as tuples of tensors
+(`model_weights.values`); a function that trains assigns the incoming
 values to Keras models, trains them and reads the results back, all inside
 one `tf.function`, so automatic control dependencies order the assignments,
 updates and reads even inside the graph-mode context of a TFF computation.
@@ -20,9 +20,9 @@ import tensorflow as tf
 from tensorflow_federated.python.learning.optimizers import adam
 from tensorflow_federated.python.learning.optimizers import sgdm
 
-from fedcg_tff import models
-from fedcg_tff import networks
 from fedcg_tff.config import PRIVATE_NETWORKS, FedCGConfig
+from fedcg_tff.models import families
+from fedcg_tff.models import model_weights
 
 
 @attrs.define(frozen=True)
@@ -34,7 +34,7 @@ class EvalMetrics:
 NETWORK_NAMES = ('extractor', 'classifier', 'generator', 'discriminator')
 
 
-class Networks:
+class PartyNetworks:
   """The Keras networks of one party, built once per graph.
 
   `names` picks the networks to build (default: all four). A computation
@@ -54,13 +54,13 @@ class Networks:
     self.config = config
     model = config.model
     builders = {
-        'extractor': lambda: models.build_extractor(model,
+        'extractor': lambda: families.build_extractor(model,
                                                     config.image_channels),
-        'classifier': lambda: models.build_classifier(model,
+        'classifier': lambda: families.build_classifier(model,
                                                       config.num_classes),
-        'generator': lambda: models.build_generator(model, config.num_classes,
+        'generator': lambda: families.build_generator(model, config.num_classes,
                                                     config.noise_dim),
-        'discriminator': lambda: models.build_discriminator(
+        'discriminator': lambda: families.build_discriminator(
             model, config.num_classes),
     }
     self._models = {name: builders[name]() for name in NETWORK_NAMES
@@ -83,7 +83,7 @@ class Networks:
       return self._models[name]
     except KeyError:
       raise AttributeError(
-          f'These Networks were built without the {name} '
+          f'These PartyNetworks were built without the {name} '
           f'(built: {tuple(self._models)})') from None
 
   extractor = property(lambda self: self.model('extractor'))
@@ -108,7 +108,7 @@ class Networks:
     if (client_seed is not None and self.config.client_init == 'private' and
         name in PRIVATE_NETWORKS):
       seed = tf.cast(client_seed, tf.int64)
-    return networks.sample_initial_weights(self.model(name), seed)
+    return model_weights.sample_initial(self.model(name), seed)
 
 
 # ---------------------------------------------------------------------------
@@ -187,7 +187,7 @@ class FusedAdamSteps:
   clients, summed, 35.8 s -> 33.9 s a round).
 
   The kernel updates variables, so during the loop the moments live in
-  `Networks.adam_moments` variables and the loop carries only the step
+  `PartyNetworks.adam_moments` variables and the loop carries only the step
   count; `begin` loads them from the optimizer state and `end` reads them
   back into one.
   """
@@ -237,7 +237,7 @@ class FusedAdamSteps:
 _ADAM = type(adam.build_adam(learning_rate=0.001))
 
 
-def optimizer_steps(optimizer, nets: Networks, variables, weight_decay=0.0):
+def optimizer_steps(optimizer, nets: PartyNetworks, variables, weight_decay=0.0):
   """FusedAdamSteps for Adam, FunctionalSteps for other optimizers."""
   variables = list(variables)
   if isinstance(optimizer, _ADAM):
@@ -306,7 +306,7 @@ def kl_divergence(teacher_logits, student_logits):
 ExtraLoss = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
 
 
-def train_classifier(nets: Networks, optimizer_state, dataset, epochs: int,
+def train_classifier(nets: PartyNetworks, optimizer_state, dataset, epochs: int,
                      extra_loss: Optional[ExtraLoss] = None,
                      extra_weight=1.0):
   """`epochs` passes of `CE(C(E(x)), y) + extra_weight * extra_loss` over E, C.
@@ -366,11 +366,11 @@ def count_examples(dataset):
 
 
 @tf.function
-def evaluate_classifier(nets: Networks, extractor, classifier, val_data,
+def evaluate_classifier(nets: PartyNetworks, extractor, classifier, val_data,
                         test_data):
   """Accuracy of E followed by C on the validation and the test data."""
-  networks.assign_weights(nets.extractor, extractor)
-  networks.assign_weights(nets.classifier, classifier)
+  model_weights.assign(nets.extractor, extractor)
+  model_weights.assign(nets.classifier, classifier)
 
   def accuracy(dataset):
     correct = tf.constant(0, tf.int64)
@@ -410,7 +410,7 @@ def chunked_logits(logits_fn, inputs, num_classes: int, chunk: int = 2000):
   return logits
 
 
-def distill(nets: Networks, optimizer_state, variables, student_fn, inputs,
+def distill(nets: PartyNetworks, optimizer_state, variables, student_fn, inputs,
             teacher_logits):
   """KL distillation of fixed teacher logits into a student, in order.
 

@@ -7,7 +7,7 @@ produce them, and it concatenates the parts of a CLIENTS-placed result in
 the order the workers *finish*, so client states come back permuted
 (`MergeableCompExecutionContext._run_in_async_context_pool`). So each
 algorithm's round is also built as two federated computations
-(`round_parts.RoundParts`): the clients' step, which needs nothing from other
+(`round_tff.RoundParts`): the clients' step, which needs nothing from other
 clients, and the server's step, which aggregates. `ShardedRound` runs the
 clients' step on contiguous shards of the clients, one shard per worker and
 all at once, puts the per-client outputs back in client order, and runs the
@@ -35,8 +35,8 @@ from tensorflow_federated.python.core.impl.executor_stacks import python_executo
 from tensorflow_federated.python.core.impl.executors import remote_executor
 from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
 
-from fedcg_tff import process_tff
-from fedcg_tff import runtime
+from fedcg_tff.algorithms import round_tff
+from fedcg_tff.execution import runtime
 
 CONNECT_TIMEOUT_SECONDS = 20.0
 
@@ -154,7 +154,7 @@ class Workers:
 
 
 class ShardedRound:
-  """One round of a `round_parts.RoundProcess` with its clients' step
+  """One round of a `round_tff.RoundProcess` with its clients' step
   spread over `workers`; same inputs and outputs as the process's `next`."""
 
   def __init__(self, parts, workers: Workers):
@@ -167,7 +167,7 @@ class ShardedRound:
         (list(client_states), list(client_data)))
     new_server_state, server_metrics, measurements = self.parts.server_step(
         server_state, [o.upload for o in outputs], [o.weight for o in outputs])
-    metrics = process_tff.RoundMetrics(
+    metrics = round_tff.RoundMetrics(
         server=server_metrics, aggregator=measurements,
         clients=[o.metrics for o in outputs])
     return new_server_state, [o.state for o in outputs], metrics

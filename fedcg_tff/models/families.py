@@ -1,14 +1,14 @@
-"""The two network families by name: LeNet-5 (`networks`, 32x32 inputs) and
+"""The two network families by name: LeNet-5 (`lenet`, 32x32 inputs) and
 the ResNet-18 split (`resnet`, 224x224). Everything that builds networks for
 a config goes through here."""
 
 import tensorflow as tf
 
-from fedcg_tff import networks
-from fedcg_tff import resnet
+from fedcg_tff.models import lenet
+from fedcg_tff.models import resnet
 
 MODELS = ('lenet', 'resnet18')
-_FAMILIES = {'lenet': networks, 'resnet18': resnet}
+_FAMILIES = {'lenet': lenet, 'resnet18': resnet}
 
 
 def _family(model: str):

@@ -8,12 +8,13 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from fedcg_tff import algorithms
-from fedcg_tff import experiment
-from fedcg_tff import fedcg_tf
-from fedcg_tff import fedcg_tff as fedcg
-from fedcg_tff import process_tff
+from fedcg_tff.algorithms import catalog
+from fedcg_tff.algorithms import fedcg_process_tff as fedcg
+from fedcg_tff.algorithms import fedcg_tf
+from fedcg_tff.algorithms import round_tff
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.program import round_loop
+from fedcg_tff.program import run_files
 from tests.placement import EXTRACTOR_KERNEL_SHAPES
 from tests.placement import crossings as _crossings
 from tests.placement import leaks as _leaks
@@ -35,12 +36,12 @@ def process():
 
 @pytest.fixture(scope='module')
 def init_clients():
-  return process_tff.build_client_state_initializer(
+  return round_tff.build_client_state_initializer(
       fedcg.init_client_computation(TINY))
 
 
 def _evaluation():
-  return process_tff.build_evaluation(
+  return round_tff.build_evaluation(
       TINY, fedcg.init_client_computation(TINY).type_signature.result)
 
 
@@ -94,7 +95,7 @@ def test_shared_client_init_starts_every_client_from_the_servers_networks(
 
 def test_private_client_init_draws_e_and_d_from_the_clients_seed():
   config = dataclasses.replace(TINY, client_init='private')
-  init = process_tff.build_client_state_initializer(
+  init = round_tff.build_client_state_initializer(
       fedcg.init_client_computation(config))
   a, again, b = init([3, 3, 4])
   for name in ('extractor', 'discriminator'):
@@ -111,8 +112,8 @@ def test_first_round_equals_locals_under_shared_init():
   in round 1, FedCG's stage 1 is Local's training, so every client's E and C
   after round 1 (what the evaluation scores) are Local's."""
   data = [_client_data(16, 1), _client_data(24, 2)]
-  fedcg_run = algorithms.build('fedcg', TINY, 2)
-  local_run = algorithms.build('local', TINY, 2)
+  fedcg_run = catalog.build('fedcg', TINY, 2)
+  local_run = catalog.build('local', TINY, 2)
   fedcg_metrics = fedcg_run.run_round(0, data)
   local_run.run_round(0, data)
   assert fedcg_metrics['mean/gamma'] == 0.0
@@ -147,7 +148,7 @@ def test_teacher_by_federated_mean_equals_direct_ensemble(init_clients):
   assert [float(w) for w in weights] == sizes
 
   w = np.array(sizes, np.float64) / sum(sizes)
-  nets = fedcg_tf.Networks(TINY)
+  nets = fedcg_tf.PartyNetworks(TINY)
   direct = 0.0
   for wi, upload in zip(w, uploads):
     nets.generator.set_weights(upload.generator)
@@ -213,7 +214,7 @@ def test_two_rounds_end_to_end(process, init_clients):
   # Accuracy is counted: a client's accuracy on data equals its own count.
   x = np.concatenate([b[0] for b in _client_data(20, 7).as_numpy_iterator()])
   y = np.concatenate([b[1] for b in _client_data(20, 7).as_numpy_iterator()])
-  nets = fedcg_tf.Networks(TINY)
+  nets = fedcg_tf.PartyNetworks(TINY)
   nets.extractor.set_weights(client_states[0].extractor)
   nets.classifier.set_weights(client_states[0].classifier)
   pred = np.argmax(nets.classifier(nets.extractor(x)).numpy(), axis=1)
@@ -222,8 +223,8 @@ def test_two_rounds_end_to_end(process, init_clients):
 
 def test_algorithm_runs_under_experiment_loop(tmp_path):
   algorithm = fedcg.FedCGAlgorithm(TINY, num_clients=2)
-  writer = experiment.MetricsWriter(str(tmp_path))
-  result = experiment.run(
+  writer = run_files.MetricsWriter(str(tmp_path))
+  result = round_loop.run(
       algorithm,
       train_data_fn=lambda r: [_client_data(16, r), _client_data(8, r + 1)],
       val_data=[_client_data(8, 5)] * 2, test_data=[_client_data(8, 6)] * 2,

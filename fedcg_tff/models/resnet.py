@@ -8,12 +8,12 @@ to reach (G) or leave (D) the 28x28 feature map.
 
 Residual blocks follow torchvision's BasicBlock (3x3 convs without bias,
 batch norm, 1x1 projection shortcut when the shape changes); batch norm uses
-PyTorch's momentum and epsilon, as in `networks`.
+PyTorch's momentum and epsilon, as in `layers`.
 """
 
 import tensorflow as tf
 
-from fedcg_tff import networks
+from fedcg_tff.models import layers
 
 FEATURE_SHAPE = (28, 28, 128)
 IMAGE_SIZE = 224
@@ -21,7 +21,7 @@ IMAGE_SIZE = 224
 
 def _bn():
   return tf.keras.layers.BatchNormalization(
-      momentum=networks.BN_MOMENTUM, epsilon=networks.BN_EPSILON)
+      momentum=layers.BN_MOMENTUM, epsilon=layers.BN_EPSILON)
 
 
 def _block(x, filters, stride, name):
@@ -70,20 +70,20 @@ def build_generator(num_classes: int = 10,
   """1x1 -> 4 -> 7 (4x4 valid) -> 14 -> 28 (4x4 stride 2) x 128, sigmoid."""
   z = tf.keras.Input((noise_dim,), name='noise')
   y = tf.keras.Input((), dtype=tf.int32, name='label')
-  emb = networks.label_embedding(num_classes, 'label_embedding')(y)
+  emb = layers.label_embedding(num_classes, 'label_embedding')(y)
   x = tf.keras.layers.Concatenate()([z, emb])
   x = tf.keras.layers.Reshape((1, 1, noise_dim + num_classes))(x)
   for i, (filters, stride, padding) in enumerate(
       ((512, 1, 'valid'), (256, 1, 'valid'), (128, 2, 'same'))):
-    x = networks.SmallConv2DTranspose(
+    x = layers.SmallConv2DTranspose(
         filters, 4, stride, padding=padding, use_bias=False,
-        kernel_initializer=networks.gan_kernel_init(),
+        kernel_initializer=layers.gan_kernel_init(),
         name=f'deconv{i + 1}')(x)
-    x = networks.gan_batch_norm()(x)
-    x = tf.keras.layers.LeakyReLU(networks.LEAKY_SLOPE)(x)
-  x = networks.SmallConv2DTranspose(
+    x = layers.gan_batch_norm()(x)
+    x = tf.keras.layers.LeakyReLU(layers.LEAKY_SLOPE)(x)
+  x = layers.SmallConv2DTranspose(
       FEATURE_SHAPE[-1], 4, 2, padding='same', use_bias=False,
-      activation='sigmoid', kernel_initializer=networks.gan_kernel_init(),
+      activation='sigmoid', kernel_initializer=layers.gan_kernel_init(),
       name='deconv4')(x)
   return tf.keras.Model([z, y], x, name='generator')
 
@@ -92,19 +92,19 @@ def build_discriminator(num_classes: int = 10) -> tf.keras.Model:
   """28 -> 14 -> 7 (4x4 stride 2) -> 4 -> 1 (4x4 valid) -> logit."""
   f = tf.keras.Input(FEATURE_SHAPE, name='features')
   y = tf.keras.Input((), dtype=tf.int32, name='label')
-  emb = networks.label_embedding(num_classes, 'label_embedding')(y)
+  emb = layers.label_embedding(num_classes, 'label_embedding')(y)
   emb = tf.keras.layers.Reshape((1, 1, num_classes))(emb)
   emb = tf.keras.layers.UpSampling2D(FEATURE_SHAPE[:2])(emb)
   x = tf.keras.layers.Concatenate()([f, emb])
   for i, (filters, stride, padding) in enumerate(
       ((128, 2, 'same'), (256, 2, 'same'), (512, 1, 'valid'))):
-    x = networks.SpectralNormConv2D(
+    x = layers.SpectralNormConv2D(
         filters, 4, stride, padding=padding, use_bias=False,
-        kernel_initializer=networks.gan_kernel_init(), name=f'conv{i + 1}')(x)
-    x = networks.gan_batch_norm()(x)
-    x = tf.keras.layers.LeakyReLU(networks.LEAKY_SLOPE)(x)
-  x = networks.SpectralNormConv2D(
-      1, 4, use_bias=False, kernel_initializer=networks.gan_kernel_init(),
+        kernel_initializer=layers.gan_kernel_init(), name=f'conv{i + 1}')(x)
+    x = layers.gan_batch_norm()(x)
+    x = tf.keras.layers.LeakyReLU(layers.LEAKY_SLOPE)(x)
+  x = layers.SpectralNormConv2D(
+      1, 4, use_bias=False, kernel_initializer=layers.gan_kernel_init(),
       name='conv4')(x)
   return tf.keras.Model([f, y], tf.keras.layers.Reshape(())(x),
                         name='discriminator')

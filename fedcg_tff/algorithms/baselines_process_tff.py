@@ -32,12 +32,13 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from fedcg_tff import baselines_tf
-from fedcg_tff import client_store
-from fedcg_tff import devices
-from fedcg_tff import process_tff
-from fedcg_tff import round_parts
+from fedcg_tff.algorithms import aggregators_tff
+from fedcg_tff.algorithms import baselines_tf
+from fedcg_tff.algorithms import round_tff
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.execution import devices
+from fedcg_tff.program import client_store
+from fedcg_tff.program import driver
 
 ALGORITHMS = tuple(baselines_tf.BASELINES)
 
@@ -57,7 +58,7 @@ def _baseline(algorithm: str) -> baselines_tf.Baseline:
 
 
 # The baselines that only average, which can upload updates instead of
-# weights (for DP aggregation: fedcg_tff/dp.py).
+# weights (for DP aggregation: privacy/dp.py).
 UPDATE_ALGORITHMS = ('fedavg', 'fedprox', 'fedsplit')
 
 
@@ -106,7 +107,7 @@ def build_baseline_process(
   """The baseline `algorithm` ('local', 'fedavg', ...) as an iterative process.
 
   `next(server_state, client_states, client_data)` returns
-  `(server_state, client_states, process_tff.RoundMetrics)`, as FedCG's does.
+  `(server_state, client_states, round_tff.RoundMetrics)`, as FedCG's does.
   `server_images_path` (FedDF only): a file from `write_server_images`.
   `upload_updates`: clients upload their round's update instead of their
   weights (`baselines_tf.Baseline.upload_update`; fedavg, fedprox and
@@ -116,9 +117,9 @@ def build_baseline_process(
   baseline = _with_updates(_baseline(algorithm), upload_updates)
   if baseline.server_distillation and not server_images_path:
     raise ValueError('feddf needs server_images_path (unlabeled server data)')
-  client_nets = lambda: baselines_tf.Networks(config, baseline.client_networks)
-  server_nets = lambda: baselines_tf.Networks(config, baseline.server_networks)
-  data_type = process_tff.data_type(config)
+  client_nets = lambda: baselines_tf.PartyNetworks(config, baseline.client_networks)
+  server_nets = lambda: baselines_tf.PartyNetworks(config, baseline.server_networks)
+  data_type = round_tff.data_type(config)
   client_state_type = init_client_computation(config).type_signature.result
 
   @tff.tensorflow.computation
@@ -158,7 +159,7 @@ def build_baseline_process(
       return baselines_tf.client_update(client_nets(), baseline, message,
                                         state, dataset)
 
-  collect = (process_tff.build_collect(upload_type)
+  collect = (aggregators_tff.build_collect(upload_type)
              if baseline.collects_client_models else None)
   if collect is None:
 
@@ -169,8 +170,8 @@ def build_baseline_process(
                                         aggregator_state, averaged)
 
   else:
-    stacked_type = process_tff.stacked_type(
-        process_tff.weighted_type(upload_type))
+    stacked_type = aggregators_tff.stacked_type(
+        aggregators_tff.weighted_type(upload_type))
 
     @tff.tensorflow.computation(server_state_type, aggregator_state_type,
                                 upload_type, stacked_type)
@@ -182,7 +183,7 @@ def build_baseline_process(
           server_nets(), baseline, state, aggregator_state, averaged, values,
           weights, images)
 
-  parameter_types = process_tff.next_parameter_types(
+  parameter_types = round_tff.next_parameter_types(
       config, server_state_type, client_state_type)
 
   @tff.federated_computation(*parameter_types)
@@ -207,21 +208,21 @@ def build_baseline_process(
                                                          update_args)
     return new_server_state, server_metrics, aggregated.measurements
 
-  return round_parts.RoundProcess(
-      initialize, round_parts.RoundParts(clients_step, server_step),
+  return round_tff.RoundProcess(
+      initialize, round_tff.RoundParts(clients_step, server_step),
       parameter_types)
 
 
 def _build_local_process(config, baseline, initialize, server_state_type,
                          client_state_type):
   """Local: the clients train alone; no value crosses a placement."""
-  data_type = process_tff.data_type(config)
+  data_type = round_tff.data_type(config)
 
   @tff.tensorflow.computation(client_state_type, data_type)
   def client_update(state, dataset):
     with devices.scope():
       output = baselines_tf.client_update(
-          baselines_tf.Networks(config, baseline.client_networks), baseline,
+          baselines_tf.PartyNetworks(config, baseline.client_networks), baseline,
           None, state, dataset)
     # Nothing is uploaded: the round's parts keep the common shape with an
     # empty upload and a zero weight that the server's step ignores.
@@ -237,7 +238,7 @@ def _build_local_process(config, baseline, initialize, server_state_type,
         aggregator_state=state.aggregator_state,
         round_num=state.round_num + 1)
 
-  parameter_types = process_tff.next_parameter_types(
+  parameter_types = round_tff.next_parameter_types(
       config, server_state_type, client_state_type)
 
   @tff.federated_computation(*parameter_types)
@@ -254,13 +255,13 @@ def _build_local_process(config, baseline, initialize, server_state_type,
     del uploads, weights  # Empty: see client_update.
     return tff.federated_map(advance_round, server_state), (), ()
 
-  return round_parts.RoundProcess(
-      initialize, round_parts.RoundParts(clients_step, server_step),
+  return round_tff.RoundProcess(
+      initialize, round_tff.RoundParts(clients_step, server_step),
       parameter_types)
 
 
-class BaselineAlgorithm(process_tff.ProcessAlgorithm):
-  """A baseline driven round by round for `experiment.run`.
+class BaselineAlgorithm(driver.ProcessAlgorithm):
+  """A baseline driven round by round for `round_loop.run`.
 
   `server_images` (FedDF only): unlabeled server images, float32 NHWC; they
   are written to `server_images_dir` (default: a temporary directory removed

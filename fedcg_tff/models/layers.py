@@ -1,0 +1,161 @@
+"""Keras layers and initialisers the project's networks share (LeNet-5 and
+ResNet-18 families alike).
+
+* `SpectralNormConv2D`: the discriminator's spectrally normalised
+  convolution (Keras' `SpectralNormalization` wrapper fails inside TFF's
+  graph-mode layers). `SmallConv2DTranspose`: Keras' transposed convolution
+  computed by `small_conv` on the GAN's tiny maps.
+* Initialisers as the published code has them: DCGAN's N(0, 0.02) kernels
+  and N(1, 0.02) batch-norm scales for G and D (`gan_kernel_init`,
+  `gan_batch_norm`), PyTorch's layer defaults for E and C
+  (`torch_default_init`), N(0, 1) label embeddings (`label_embedding`, as
+  `torch.nn.Embedding`).
+* Batch norm with PyTorch's momentum and epsilon.
+"""
+
+import tensorflow as tf
+
+from fedcg_tff.models import small_conv
+
+
+LEAKY_SLOPE = 0.2
+
+
+BN_MOMENTUM = 0.9  # PyTorch's momentum 0.1 in Keras' convention.
+
+
+BN_EPSILON = 1e-5  # PyTorch's default.
+
+
+def gan_kernel_init():
+  return tf.keras.initializers.RandomNormal(0.0, 0.02)
+
+
+def gan_batch_norm():
+  return tf.keras.layers.BatchNormalization(
+      momentum=BN_MOMENTUM,
+      epsilon=BN_EPSILON,
+      gamma_initializer=tf.keras.initializers.RandomNormal(1.0, 0.02),
+      beta_initializer='zeros',
+  )
+
+
+def torch_default_init(fan_in: int) -> dict:
+  """Initialisers of a PyTorch `Conv2d` / `Linear` layer, as Keras layer
+  arguments: kernel and bias uniform in +-1/sqrt(fan_in), fan_in being the
+  inputs of one output unit (in_channels * kh * kw for a convolution).
+
+  PyTorch's kernel draw is `kaiming_uniform_(a=sqrt(5))`: bound
+  gain * sqrt(3 / fan_in) with gain sqrt(2 / (1 + a^2)) = sqrt(1 / 3), which
+  is 1/sqrt(fan_in); its bias bound is 1/sqrt(fan_in) too. Both are plain
+  `RandomUniform`s here (so `sample_initial_weights` redraws them).
+  """
+  bound = 1.0 / float(fan_in) ** 0.5
+  init = lambda: tf.keras.initializers.RandomUniform(-bound, bound)
+  return {'kernel_initializer': init(), 'bias_initializer': init()}
+
+
+def label_embedding(num_classes, name):
+  return tf.keras.layers.Embedding(
+      num_classes, num_classes,
+      embeddings_initializer=tf.keras.initializers.RandomNormal(0.0, 1.0),
+      name=name)
+
+
+def _bias_and_activation(layer: tf.keras.layers.Layer, outputs):
+  """What a Keras conv layer applies after its convolution."""
+  if layer.use_bias:
+    data_format = layer._tf_data_format  # pylint: disable=protected-access
+    outputs = tf.nn.bias_add(outputs, layer.bias, data_format=data_format)
+  if layer.activation is not None:
+    outputs = layer.activation(outputs)
+  return outputs
+
+
+class SpectralNormConv2D(tf.keras.layers.Conv2D):
+  """A `Conv2D` whose kernel is divided by its largest singular value.
+
+  The singular value is estimated by power iteration on the kernel reshaped to
+  `[kh * kw * c_in, c_out]`, keeping the left vector `u` as a non-trainable
+  weight that is refined `power_iterations` times per training call (as
+  `torch.nn.utils.spectral_norm` does). Keras' own `SpectralNormalization`
+  wrapper cannot be used: it branches on `training` with a Python `if`, which
+  fails on the symbolic tensors of the graph-mode layers TFF builds.
+  Stride-1 VALID convolutions are computed by `small_conv`.
+  """
+
+  def __init__(self, *args, power_iterations: int = 1, **kwargs):
+    super().__init__(*args, **kwargs)
+    if power_iterations < 1:
+      raise ValueError(f'power_iterations must be >= 1, got {power_iterations}')
+    self.power_iterations = power_iterations
+
+  def build(self, input_shape):
+    super().build(input_shape)
+    self.sn_u_initializer = tf.keras.initializers.RandomNormal(0.0, 1.0)
+    self.sn_u = self.add_weight(
+        name='sn_u',
+        shape=(1, self.filters),
+        initializer=self.sn_u_initializer,
+        trainable=False,
+    )
+
+  def _matrix(self):
+    return tf.reshape(self.kernel, [-1, self.filters])
+
+  def _power_iteration(self):
+    w = self._matrix()
+    u = self.sn_u
+    for _ in range(self.power_iterations):
+      v = tf.math.l2_normalize(tf.matmul(u, w, transpose_b=True))
+      u = tf.math.l2_normalize(tf.matmul(v, w))
+    return tf.stop_gradient(u), tf.stop_gradient(v)
+
+  def spectral_norm(self, training: bool = False) -> tf.Tensor:
+    """The estimate u^T W v of the kernel's largest singular value.
+
+    With `training=True` the power iteration runs and `u` is updated first.
+    Gradients flow through W (u and v are constants), as in PyTorch.
+    """
+    w = self._matrix()
+    if training:
+      u, v = self._power_iteration()
+      with tf.control_dependencies([self.sn_u.assign(u)]):
+        return tf.squeeze(tf.matmul(tf.matmul(v, w), u, transpose_b=True))
+    u = self.sn_u
+    v = tf.math.l2_normalize(tf.matmul(u, w, transpose_b=True))
+    return tf.squeeze(tf.matmul(tf.matmul(v, w), u, transpose_b=True))
+
+  def normalized_kernel(self, training: bool = False) -> tf.Tensor:
+    """The kernel divided by its estimated spectral norm (for inspection)."""
+    return self.kernel / self.spectral_norm(training)
+
+  def call(self, inputs, training=None):
+    # conv(x, W / sigma) == conv(x, W) / sigma: dividing the small output
+    # instead of the kernel (up to 512k weights) saves a kernel-sized division
+    # forwards and several kernel-sized ops in the gradient.
+    sigma = self.spectral_norm(training=bool(training))
+    if small_conv.applies(self, inputs):
+      outputs = small_conv.conv2d(inputs, self.kernel) / sigma
+    else:
+      outputs = self.convolution_op(inputs, self.kernel) / sigma
+    return _bias_and_activation(self, outputs)
+
+  def get_config(self):
+    config = super().get_config()
+    config['power_iterations'] = self.power_iterations
+    return config
+
+
+class SmallConv2DTranspose(tf.keras.layers.Conv2DTranspose):
+  """A `Conv2DTranspose` computed by `small_conv` where it applies.
+
+  Same weights, names and function as the Keras layer; only faster on the
+  generator's tiny maps (see `small_conv`).
+  """
+
+  def call(self, inputs):
+    if not small_conv.applies(self, inputs):
+      return super().call(inputs)
+    return _bias_and_activation(
+        self, small_conv.conv2d_transpose(inputs, self.kernel))
