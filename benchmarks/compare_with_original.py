@@ -27,7 +27,7 @@ import os
 from absl import app
 from absl import flags
 
-from binaries import launch
+from binaries import common
 
 # The original's `mean/test_accuracy_at_best_val` (%), by its 0-based round.
 ORIGINAL = {
@@ -138,7 +138,7 @@ def main(argv):
           args.append(f'--data_dir={FLAGS.data_dir}')
         print(f'{algorithm} seed {seed}: run_fedcg {" ".join(args)}',
               flush=True)
-        code = launch.run_fedcg(args)
+        code = common.run_fedcg(args)
         if code:
           raise SystemExit(f'{algorithm} seed {seed} failed (exit {code}); '
                            'rerun to resume it')

@@ -4,12 +4,14 @@ r"""Times FedCG rounds on real Fashion-MNIST, phase by phase.
   .venv/bin/python -m binaries.benchmark --clients=16 --workers=2 \
       --json=bench.json
 
-Each round runs as the process's two steps (`round_parts`): the clients'
-step (on `--workers` local TFF workers, or on `--worker_addresses`), then the
-server's step; that is what `next` runs. The clients' phases are timed
-inside the workers (`fedcg_tf.client_update(timed=True)` stamps the wall
-clock between stage 1, stage 2 and the teacher logits); the rest is timed
-from here:
+Rounds run through the driver every binary uses (`program.driver`, with
+`execution.round_runner`): the process's clients' step (on `--workers`
+local TFF workers, or on `--worker_addresses`), then its server's step; that
+is what `next` runs. The driver's timing hook reports each step's wall time,
+and the process is built timed: the clients' phases are stamped inside the
+workers (`fedcg_tf.client_update(timed=True)`: between stage 1, stage 2 and
+the teacher logits) and the distillation inside the server's update
+(`fedcg_tf.server_update(timed=True)`):
 
   client stage 1 / stage 2 / teacher  in-worker, summed over clients
   clients in the workers              first client start -> last client end
@@ -17,7 +19,7 @@ from here:
                                       serialising states and datasets,
                                       dispatch, results back
   aggregation                         server's step minus the distillation
-  distillation                        the server update alone, timed apart
+  distillation                        stamped inside the server's update
   evaluation                          every client's validation + test pass
 
 The first round traces and compiles and is not counted. FLOP/s: forward
@@ -39,6 +41,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from binaries import common
 from fedcg_tff.execution import runtime
 
 flags.DEFINE_integer('clients', 4, 'Number of FMNIST clients.')
@@ -48,13 +51,7 @@ flags.DEFINE_integer('local_epochs', 1, 'Stage-1 epochs per round.')
 flags.DEFINE_integer('gan_epochs', 1, 'Stage-2 epochs per round.')
 flags.DEFINE_integer('server_steps', 100, 'Distillation steps per round.')
 flags.DEFINE_integer('rounds', 2, 'Timed rounds (after one warm-up round).')
-flags.DEFINE_integer('workers', 1, 'Local TFF worker processes for the '
-                     'clients\' step.')
-flags.DEFINE_list('worker_addresses', [], 'host:port of running workers '
-                  '(binaries/run_worker.py) instead of local ones.')
-flags.DEFINE_integer('max_concurrent_clients', None,
-                     'Client computations a worker runs at once (default: '
-                     'its share of the CPU cores; non-positive: all).')
+common.define_worker_flags()
 flags.DEFINE_string('data_dir', None, 'FMNIST IDX directory (default: '
                     'Debian\'s /usr/share/datasets/fashion-mnist).')
 flags.DEFINE_integer('seed', 1, 'Seed of the data split and the networks.')
@@ -153,18 +150,12 @@ def peak_rss_bytes(pid: int) -> int:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  for name in ('clients', 'train_per_client', 'batch_size', 'local_epochs',
-               'gan_epochs', 'server_steps', 'rounds', 'workers'):
-    if FLAGS[name].value < 1:
-      raise app.UsageError(f'--{name} must be >= 1, got {FLAGS[name].value}')
+  common.at_least(1, 'clients', 'train_per_client', 'batch_size',
+                  'local_epochs', 'gan_epochs', 'server_steps', 'rounds')
+  common.check_worker_flags()
 
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.algorithms import fedcg_process_tff  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.algorithms import round_tff  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.program import driver  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.execution import workers  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
   from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
-  from tasks import fmnist  # pylint: disable=g-import-not-at-top
   from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
 
   runtime.set_local_cpp_context(FLAGS.max_concurrent_clients)
@@ -181,74 +172,28 @@ def main(argv):
                  image_size=config.image_size)
   if FLAGS.data_dir:
     options['data_dir'] = FLAGS.data_dir
-  try:
-    task = fmnist.build(TaskOptions(**options))
-  except (FileNotFoundError, ValueError) as e:
-    raise app.UsageError(f'--data_dir / --clients / --train_per_client: {e}')
-  if FLAGS.worker_addresses:
-    try:
-      pool = workers.Workers.remote(FLAGS.worker_addresses)
-    except ConnectionError as e:
-      raise app.UsageError(f'--worker_addresses: {e}') from None
-  elif FLAGS.workers > 1:
-    pool = workers.Workers.local(FLAGS.workers, FLAGS.max_concurrent_clients)
-  else:
-    pool = workers.Workers([tff.framework.get_context_stack().current])
+  task = common.load_task('fmnist', TaskOptions(**options))
+  pool = common.worker_pool()
 
   print(f'FedCG on FMNIST: {FLAGS.clients} clients x '
         f'{FLAGS.train_per_client} images, batch {FLAGS.batch_size}, '
         f'{FLAGS.local_epochs} + {FLAGS.gan_epochs} epochs, '
-        f'{FLAGS.server_steps} distillation steps, {len(pool)} worker(s)',
-        flush=True)
-  process = fedcg_process_tff.build_fedcg_process(config, timed=True)
-  comps = fedcg_process_tff.FedCGComputations(config, tff.aggregators.MeanFactory())
-  init_clients = round_tff.build_client_state_initializer(
-      fedcg_process_tff.init_client_computation(config))
-  evaluate = round_tff.build_evaluation(
-      config, fedcg_process_tff.init_client_computation(config).type_signature.result)
-  server_state = process.initialize()
-  states = list(init_clients(driver.client_seeds(config, FLAGS.clients)))
+        f'{FLAGS.server_steps} distillation steps, '
+        f'{len(pool) if pool else 1} worker(s)', flush=True)
+  timings = []
+  driver = catalog.build('fedcg', config, FLAGS.clients, workers=pool,
+                         on_timing=timings.append, timed=True)
   val, test = task.val_datasets(), task.test_datasets()
 
   rows = []
   for round_num in range(FLAGS.rounds + 1):
-    data = list(task.train_datasets(round_num, config.batch_size))
-    start = time.time()
-    outputs = pool.map_clients(process.parts.clients_step, (server_state,),
-                               (states, data))
-    clients_done = time.time()
-    uploads = [o.upload for o in outputs]
-    weights = [o.weight for o in outputs]
-    new_server_state, _, _ = process.parts.server_step(server_state, uploads,
-                                                       weights)
-    server_done = time.time()
-    states = [o.state for o in outputs]
-    evaluate(states, val, test)
-    eval_done = time.time()
-    # The distillation alone, on the same inputs as the server's step.
-    averaged = _weighted_mean(uploads, weights)
-    zy = comps.distill_inputs(server_state.round_num)
-    distill_start = time.time()
-    comps.server_update(server_state, server_state.aggregator_state,
-                        averaged, zy)
-    distill_seconds = time.time() - distill_start
-    server_state = new_server_state
-
-    stamps = np.asarray([o.times for o in outputs], np.float64)
-    phases = np.diff(stamps, axis=1).sum(axis=0)
-    in_workers = stamps[:, -1].max() - stamps[:, 0].min()
-    row = {
-        'round': round_num,
-        'client_stage1_s': float(phases[0]),
-        'client_stage2_s': float(phases[1]),
-        'client_teacher_s': float(phases[2]),
-        'clients_in_workers_s': float(in_workers),
-        'tff_overhead_s': float(clients_done - start - in_workers),
-        'aggregation_s': float(server_done - clients_done - distill_seconds),
-        'distillation_s': float(distill_seconds),
-        'round_s': float(server_done - start),
-        'evaluation_s': float(eval_done - server_done),
-    }
+    driver.run_round(round_num,
+                     list(task.train_datasets(round_num, config.batch_size)))
+    eval_start = time.perf_counter()
+    driver.evaluate(val, test)
+    evaluation = time.perf_counter() - eval_start
+    row = phase_seconds(timings[-1])
+    row.update(round=round_num, evaluation_s=evaluation)
     label = 'warm-up (tracing)' if round_num == 0 else 'timed'
     print(f'round {round_num} [{label}]: {row["round_s"]:.1f}s '
           f'(+ evaluation {row["evaluation_s"]:.1f}s)', flush=True)
@@ -310,14 +255,27 @@ def main(argv):
     print(f'wrote {FLAGS.json}')
 
 
-def _weighted_mean(uploads: list, weights: list):
-  """The weighted mean of the clients' uploads (what MeanFactory gives)."""
-  import tree  # pylint: disable=g-import-not-at-top
-  total = float(np.sum(weights))
-  return tree.map_structure(
-      lambda *values: np.sum([w * np.asarray(v) for w, v in
-                              zip(weights, values)], axis=0) / total,
-      *uploads)
+def phase_seconds(timing) -> dict[str, float]:
+  """A round's phases from the driver's `RoundTiming` of a timed FedCG
+  process: in-worker client phases summed over clients (stamps), the
+  clients' wall time in the workers, the rest of the clients' step (TFF's
+  serialisation and dispatch), the distillation (stamped in the server's
+  update) and the rest of the server's step (aggregation)."""
+  stamps = np.asarray(timing.client_stamps, np.float64)
+  phases = np.diff(stamps, axis=1).sum(axis=0)
+  in_workers = stamps[:, -1].max() - stamps[:, 0].min()
+  start, end = timing.server_stamps
+  distillation = float(end - start)
+  return {
+      'client_stage1_s': float(phases[0]),
+      'client_stage2_s': float(phases[1]),
+      'client_teacher_s': float(phases[2]),
+      'clients_in_workers_s': float(in_workers),
+      'tff_overhead_s': float(timing.clients_step_s - in_workers),
+      'aggregation_s': float(timing.server_step_s - distillation),
+      'distillation_s': distillation,
+      'round_s': float(timing.clients_step_s + timing.server_step_s),
+  }
 
 
 if __name__ == '__main__':

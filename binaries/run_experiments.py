@@ -26,7 +26,7 @@ import time
 from absl import app
 from absl import flags
 
-from binaries import launch
+from binaries import common
 from fedcg_tff.names import ALGORITHMS, TASKS
 
 flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run.')
@@ -79,7 +79,7 @@ def main(argv):
     directory = run_dir(task, algorithm, seed)
     label = f'[{n}/{len(runs)}] {task} {algorithm} seed {seed}'
     print(f'{label}: {directory}', flush=True)
-    code = launch.run_fedcg([f'--algorithm={algorithm}', f'--task={task}',
+    code = common.run_fedcg([f'--algorithm={algorithm}', f'--task={task}',
                              f'--seed={seed}', f'--output_dir={directory}',
                              *extra])
     if code:

@@ -16,7 +16,6 @@ accuracy at its best-validation round, and their mean.
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -24,6 +23,8 @@ import time
 from absl import app
 from absl import flags
 from absl import logging
+
+from binaries import common
 
 from fedcg_tff.config import CLIENT_INITS, CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
 from fedcg_tff.execution import runtime  # Before TFF starts a worker: clean shutdown.
@@ -110,9 +111,6 @@ flags.DEFINE_string('output_dir', None, 'Directory for TensorBoard '
                     'summaries, metrics.csv, checkpoints and results.json. '
                     'Rerunning the same command into it resumes after the '
                     'last completed round.')
-flags.DEFINE_integer('max_concurrent_clients', None,
-                     'Client computations a worker runs at once (default: '
-                     'its share of the CPU cores; non-positive: all).')
 flags.mark_flag_as_required('output_dir')
 
 FLAGS = flags.FLAGS
@@ -134,20 +132,14 @@ def config_from_flags() -> FedCGConfig:
 
 
 def _check_run_flags():
-  for name, minimum in (('rounds', 1), ('patience', 1), ('num_clients', 1),
-                        ('train_per_client', 1), ('server_data_size', 1)):
-    if FLAGS[name].value is not None and FLAGS[name].value < minimum:
-      raise app.UsageError(
-          f'--{name} must be >= {minimum}, got {FLAGS[name].value}')
+  common.at_least(1, 'rounds', 'patience', 'num_clients', 'train_per_client',
+                  'server_data_size')
   if FLAGS.server_data_size is not None and FLAGS.algorithm != 'feddf':
     raise app.UsageError(
         f'--server_data_size is only used by --algorithm=feddf, not '
         f'--algorithm={FLAGS.algorithm}')
-  if not FLAGS.dirichlet_alpha > 0:
-    raise app.UsageError(
-        f'--dirichlet_alpha must be > 0, got {FLAGS.dirichlet_alpha}')
-  if FLAGS.noise_std < 0:
-    raise app.UsageError(f'--noise_std must be >= 0, got {FLAGS.noise_std}')
+  common.finite('dirichlet_alpha', 0.0, strict=True)
+  common.finite('noise_std')
   if FLAGS.noise_std and not FLAGS.add_noise:
     raise app.UsageError('--noise_std is only used with --add_noise')
 
@@ -172,12 +164,7 @@ def load_task(config: FedCGConfig):
       dirichlet_alpha=FLAGS.dirichlet_alpha, server_size=server_size,
       add_noise=FLAGS.add_noise, noise_std=FLAGS.noise_std,
       image_size=config.image_size)
-  try:
-    task = registry.build(FLAGS.task, options)
-  except (FileNotFoundError, ValueError) as e:
-    raise app.UsageError(
-        f'--task={FLAGS.task} (--data_dir / --data_source / split flags): '
-        f'{e}') from None
+  task = common.load_task(FLAGS.task, options)
   if server_size and task.server_images is None:
     raise app.UsageError(
         f'--algorithm=feddf needs unlabeled server data, which '
@@ -224,13 +211,7 @@ def _with_injected_fault(train_data_fn):
 
 
 # --- Workers and devices (README, "Speed and scale") ------------------------
-flags.DEFINE_integer('workers', 1,
-                     'Local TFF worker processes the clients of a round are '
-                     'spread over (same results as one).')
-flags.DEFINE_list('worker_addresses', [],
-                  'host:port of TFF workers started with binaries/run_worker '
-                  '(on this or other machines) to spread the clients over, '
-                  'instead of local ones.')
+common.define_worker_flags()
 flags.DEFINE_enum('device', 'cpu', ['cpu', 'gpu'],
                   'Where training runs; gpu needs a CUDA TensorFlow and a '
                   'CUDA build of TFF\'s worker (fedcg_tff/execution/devices.py).')
@@ -242,16 +223,7 @@ flags.DEFINE_integer('gpu_memory_mb', None,
 
 
 def _check_worker_flags():
-  if FLAGS.workers < 1:
-    raise app.UsageError(f'--workers must be >= 1, got {FLAGS.workers}')
-  if FLAGS.worker_addresses and FLAGS.workers != 1:
-    raise app.UsageError('--workers starts local workers; with '
-                         '--worker_addresses the workers are given: use one')
-  for address in FLAGS.worker_addresses:
-    host, _, port = address.rpartition(':')
-    if not host or not port.isdigit():
-      raise app.UsageError(
-          f'--worker_addresses: {address!r} is not host:port')
+  common.check_worker_flags()
   if FLAGS.device == 'cpu' and (FLAGS.logical_gpus != 1 or
                                 FLAGS.gpu_memory_mb is not None):
     raise app.UsageError('--logical_gpus and --gpu_memory_mb need --device=gpu')
@@ -265,28 +237,6 @@ def configure_device():
     raise app.UsageError(f'--device={FLAGS.device}: {e}') from None
 
 
-def worker_pool():
-  """The --workers / --worker_addresses workers (None: the default context
-  alone); remote ones are reached now, before anything is written."""
-  if FLAGS.workers == 1 and not FLAGS.worker_addresses:
-    return None
-  from fedcg_tff.execution import workers  # pylint: disable=g-import-not-at-top
-  if not FLAGS.worker_addresses:
-    return workers.Workers.local(FLAGS.workers, FLAGS.max_concurrent_clients)
-  try:
-    return workers.Workers.remote(FLAGS.worker_addresses)
-  except ConnectionError as e:
-    raise app.UsageError(f'--worker_addresses: {e}') from None
-
-
-def spread_clients(algorithm, pool) -> None:
-  """Runs the algorithm's rounds with their clients spread over `pool`
-  (`fedcg_tff.workers.ShardedRound`: the same results as one worker)."""
-  if pool is not None:
-    from fedcg_tff.execution import workers  # pylint: disable=g-import-not-at-top
-    algorithm.next_round = workers.ShardedRound(algorithm.process.parts, pool)
-    print(f'clients of each round spread over {len(pool)} TFF workers',
-          flush=True)
 # --- End of workers and devices ---------------------------------------------
 
 
@@ -350,25 +300,12 @@ flags.DEFINE_float('dp_sigma', 0.0,
                    'DifferentiallyPrivateFactory; 0: off. Only '
                    'fedavg, fedprox and fedsplit, whose clients then upload '
                    'updates instead of weights and are averaged uniformly.')
-flags.DEFINE_float('dp_clip', 10.0,
-                   'L2 norm each client update is clipped to before its '
-                   'noise (with --dp_sigma). The default is above the '
-                   'update norms measured at one local epoch (1.5-4.5), so '
-                   'it does not bind there; it sets the noise multiplier '
-                   'dp_sigma / dp_clip that epsilon is computed for.')
-flags.DEFINE_float('dp_delta', 1e-5,
-                   'Delta of the (epsilon, delta) reported with --dp_sigma.')
+common.define_dp_flags()
 
 
 def _check_dp_flags():
-  if not (math.isfinite(FLAGS.dp_sigma) and FLAGS.dp_sigma >= 0):
-    raise app.UsageError(
-        f'--dp_sigma must be finite and >= 0, got {FLAGS.dp_sigma}')
-  if not (math.isfinite(FLAGS.dp_clip) and FLAGS.dp_clip > 0):
-    raise app.UsageError(
-        f'--dp_clip must be finite and > 0, got {FLAGS.dp_clip}')
-  if not 0 < FLAGS.dp_delta < 1:
-    raise app.UsageError(f'--dp_delta must be in (0, 1), got {FLAGS.dp_delta}')
+  common.finite('dp_sigma')
+  common.check_dp_flags()
   if not FLAGS.dp_sigma:
     for name in ('dp_clip', 'dp_delta'):
       if FLAGS[name].present:
@@ -428,7 +365,8 @@ def main(argv):
   # Data first: a missing data set must not leave an output directory.
   task = load_task(config)
   sampling = client_sampling(task.num_clients)
-  pool = worker_pool()  # Remote workers answer before anything is written.
+  # Remote workers answer before anything is written.
+  pool = common.worker_pool()
   config = dataclasses.replace(config, num_classes=task.num_classes,
                                image_channels=task.channels)
   definition = {'config': dataclasses.asdict(config),
@@ -446,6 +384,8 @@ def main(argv):
     print(f'{FLAGS.output_dir} already holds this finished run '
           f'({done["rounds_run"]} rounds): mean test accuracy at best '
           f'validation {100 * done["mean_test_accuracy_at_best_val"]:.2f}%')
+    print(f'TensorBoard: .venv/bin/tensorboard --logdir '
+          f'{os.path.join(FLAGS.output_dir, "tensorboard")}')
     return
 
   runtime.set_local_cpp_context(FLAGS.max_concurrent_clients)
@@ -454,11 +394,13 @@ def main(argv):
         flush=True)
   size = config.image_size
   algorithm = catalog.build(FLAGS.algorithm, config, task.num_clients,
-                               server_images=task.server_inputs(size),
-                               sampling=sampling,
-                               **dp_aggregation(sampling.clients_per_round or
-                                                task.num_clients))
-  spread_clients(algorithm, pool)
+                            server_images=task.server_inputs(size),
+                            sampling=sampling, workers=pool,
+                            **dp_aggregation(sampling.clients_per_round or
+                                             task.num_clients))
+  if pool is not None:
+    print(f'clients of each round spread over {len(pool)} TFF workers',
+          flush=True)
   writer = run_files.MetricsWriter(FLAGS.output_dir)
   started = time.monotonic()
   checkpoints = checkpoint.Checkpoints(
@@ -513,7 +455,8 @@ def main(argv):
           f'{d["dp_clip"]:g} (noise multiplier {d["noise_multiplier"]:.3g}); '
           f'({d["epsilon"]:.4g}, {d["dp_delta"]:g})-DP per client after '
           f'{d["releases"]} rounds')
-  print(f'\nTensorBoard: tensorboard --logdir {writer.tensorboard_dir}')
+  print(f'\nTensorBoard: .venv/bin/tensorboard --logdir '
+        f'{writer.tensorboard_dir}')
 
 
 if __name__ == '__main__':

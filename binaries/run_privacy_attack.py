@@ -42,7 +42,7 @@ from absl import logging
 # ("'SymbolicTensor' object has no attribute 'node'").
 import tensorflow as tf
 
-from binaries import launch
+from binaries import common
 from fedcg_tff.execution import runtime  # pylint: disable=unused-import  # Before TFF loads: clean exit.
 from fedcg_tff.names import PRIVACY_ALGORITHMS, TASKS
 
@@ -54,13 +54,7 @@ flags.DEFINE_list('algorithms', ['fedavg', 'fedavg_dp', 'fedsplit',
 flags.DEFINE_list('dp_sigma', ['0.001', '0.1'],
                   'Noise stds of the fedavg_dp rows (the paper\'s 0.001 and '
                   '0.1).')
-flags.DEFINE_float('dp_clip', 10.0,
-                   'L2 norm the DP rows clip the shared gradient (and, in '
-                   'training, each update) to before the noise. The default '
-                   'is above the gradient norms of round 1 (about 5 on '
-                   'FMNIST), so it does not bind there; epsilon is computed '
-                   'for dp_sigma / dp_clip.')
-flags.DEFINE_float('dp_delta', 1e-5, 'Delta of the reported epsilons.')
+common.define_dp_flags()
 flags.DEFINE_integer('num_images', 8, 'Training images of the client to '
                      'attack (a seeded draw).')
 flags.DEFINE_integer('attack_batch_size', 1,
@@ -112,11 +106,6 @@ def trained_as(threat: str) -> tuple[str, str]:
   return threat, 'shared'
 
 
-def _positive(name):
-  if FLAGS[name].value < 1:
-    raise app.UsageError(f'--{name} must be >= 1, got {FLAGS[name].value}')
-
-
 def rows() -> list[tuple[str, str, float]]:
   """(row name, threat model, dp sigma) per report row, in flag order."""
   out = []
@@ -151,11 +140,8 @@ def _check_flags() -> dict[str, str]:
       FLAGS.algorithms):
     raise app.UsageError(f'--algorithms: {bad or FLAGS.algorithms} must be '
                          f'distinct names of {PRIVACY_ALGORITHMS}')
-  for name in ('num_images', 'attack_batch_size', 'iterations', 'restarts',
-               'train_per_client'):
-    _positive(name)
-  if FLAGS.num_clients is not None:
-    _positive('num_clients')
+  common.at_least(1, 'num_images', 'attack_batch_size', 'iterations',
+                  'restarts', 'train_per_client', 'num_clients')
   if FLAGS.num_images % FLAGS.attack_batch_size:
     raise app.UsageError(
         f'--num_images={FLAGS.num_images} must be a multiple of '
@@ -163,18 +149,10 @@ def _check_flags() -> dict[str, str]:
   if FLAGS.labels == 'infer' and FLAGS.attack_batch_size != 1:
     raise app.UsageError('--labels=infer needs --attack_batch_size=1 (use '
                          '--labels=optimize or auto)')
-  if not (math.isfinite(FLAGS.dp_clip) and FLAGS.dp_clip > 0):
-    raise app.UsageError(f'--dp_clip must be finite and > 0, got '
-                         f'{FLAGS.dp_clip}')
-  if not 0 < FLAGS.dp_delta < 1:
-    raise app.UsageError(f'--dp_delta must be in (0, 1), got {FLAGS.dp_delta}')
-  if not (math.isfinite(FLAGS.adam_lr) and FLAGS.adam_lr > 0):
-    raise app.UsageError(f'--adam_lr must be finite and > 0, got '
-                         f'{FLAGS.adam_lr}')
-  if FLAGS.client < 0:
-    raise app.UsageError(f'--client must be >= 0, got {FLAGS.client}')
-  if not 0 <= FLAGS.seed <= 2**31 - 1:
-    raise app.UsageError(f'--seed must be in [0, 2^31 - 1], got {FLAGS.seed}')
+  common.check_dp_flags()
+  common.finite('adam_lr', 0.0, strict=True)
+  common.at_least(0, 'client')
+  common.seed()
   names = [name for name, _, _ in rows()]
   results = {}
   for item in FLAGS.results:
@@ -216,7 +194,7 @@ def train(names_to_train: list[tuple[str, str, float]]) -> dict[str, str]:
     command += shlex.split(FLAGS.train_flags)
     print(f'[train {n}/{len(names_to_train)}] {name}: run_fedcg '
           f'{shlex.join(command)}', flush=True)
-    code = launch.run_fedcg(command)
+    code = common.run_fedcg(command)
     if code:
       raise SystemExit(f'training run {name} failed with exit code {code} '
                        f'({directory}); rerun to resume it')
@@ -271,17 +249,12 @@ def main(argv):
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
   from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
   from tasks import image_task  # pylint: disable=g-import-not-at-top
-  from tasks import registry  # pylint: disable=g-import-not-at-top
   from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
 
-  try:
-    task = registry.build(FLAGS.task, TaskOptions(
-        num_clients=FLAGS.num_clients,
-        train_per_client=FLAGS.train_per_client, seed=FLAGS.seed,
-        data_dir=FLAGS.data_dir, data_source=FLAGS.data_source))
-  except (FileNotFoundError, ValueError) as e:
-    raise app.UsageError(f'--task={FLAGS.task} (--data_dir / --data_source):'
-                         f' {e}') from None
+  task = common.load_task(FLAGS.task, TaskOptions(
+      num_clients=FLAGS.num_clients,
+      train_per_client=FLAGS.train_per_client, seed=FLAGS.seed,
+      data_dir=FLAGS.data_dir, data_source=FLAGS.data_source))
   if FLAGS.client >= task.num_clients:
     raise app.UsageError(f'--client={FLAGS.client}: the task has '
                          f'{task.num_clients} clients')

@@ -11,7 +11,6 @@ from fedcg_tff.algorithms import aggregators_tff
 from fedcg_tff.algorithms import baselines_process_tff
 from fedcg_tff.algorithms import baselines_tf
 from fedcg_tff.algorithms import catalog
-from fedcg_tff.algorithms import round_tff
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.models import lenet
@@ -176,8 +175,8 @@ def test_fedprox_pulls_towards_global():
 def test_what_crosses_placements(algorithm, tmp_path):
   kwargs = {}
   if catalog.needs_server_images(algorithm):
-    kwargs['server_images_path'] = baselines_process_tff.write_server_images(
-        _arrays(20, 9)[0], str(tmp_path / 'server.tf'))
+    kwargs = dict(server_images=_arrays(20, 9)[0],
+                  server_images_dir=str(tmp_path))
   process = baselines_process_tff.build_baseline_process(TINY, algorithm, **kwargs)
   moved = crossings(process.next)
   baseline = baselines_tf.BASELINES[algorithm]
@@ -222,9 +221,8 @@ def test_client_init(client_init):
   draw of the run seed); private: each client's E from its own seed, C
   still the server's."""
   config = dataclasses.replace(TINY, client_init=client_init)
-  init = round_tff.build_client_state_initializer(
-      baselines_process_tff.init_client_computation(config))
-  a, b = init(driver.client_seeds(config, 2))
+  a, b = (baselines_tf.initial_client_state(config, s)
+          for s in driver.client_seeds(config, 2))
   server = baselines_tf.initial_server_state(
       config, baselines_tf.BASELINES['fedavg'], ())
   assert _equal(a.classifier, server.shared['classifier'])
@@ -298,6 +296,35 @@ def test_fedgen_trains_generator_on_server_and_shares_c_and_g():
   assert metrics['server/diversity'] > 0
   expected = _weighted_mean([s.classifier for s in driver.client_states])
   _assert_all_close(driver.server_state.shared['classifier'], expected)
+
+
+def test_fedgen_clients_learn_from_the_broadcast_generator_frozen():
+  """A FedGen client's extra loss is CE(C(G_g(z, y)), y) with the broadcast
+  G_g, which it does not train: with a learning rate too small to move C,
+  the mean extra loss equals that CE on the same (z, y) draws, and G_g's
+  weights are unchanged. A client using another G, or training it, fails."""
+  config = dataclasses.replace(TINY, lr=1e-12, weight_decay=0.0)
+  baseline = baselines_tf.BASELINES['fedgen']
+  nets = baselines_tf.PartyNetworks(config, baseline.client_networks)
+  state = baselines_tf.initial_client_state(config, 4)
+  generator = model_weights.sample_initial(nets.generator,
+                                           tf.constant(99, tf.int64))
+  message = baselines_tf.ServerMessage(
+      shared={'classifier': state.classifier}, generator=generator,
+      round_num=tf.constant(2))
+  data = _client_data(16, 1)
+  out = baselines_tf.client_update(nets, baseline, message, state, data)
+  for a, b in zip(model_weights.values(nets.generator), generator):
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+  expected = []
+  for step, (_, y) in enumerate(data):
+    key = (state.seed, training_tf.NOISE_STREAM_GENERATED, 2, step)
+    z = training_tf.noise(*key, [len(y), config.noise_dim])
+    labels = training_tf.uniform_labels(*key, len(y), config.num_classes)
+    expected.append(float(training_tf.cross_entropy(labels, nets.classifier(
+        nets.generator([z, labels], training=False)))))
+  assert float(out.metrics.extra_loss) == pytest.approx(np.mean(expected),
+                                                        abs=1e-5)
 
 
 def test_collect_gathers_every_client_with_its_weight():

@@ -44,7 +44,7 @@ def kind(path: str) -> str:
   if path.startswith('tests/') and base.endswith('_test.py'):
     return 'py_test'
   if path.startswith('benchmarks/') or (
-      path.startswith('binaries/') and base != 'launch.py'):
+      path.startswith('binaries/') and base != 'common.py'):
     return 'py_binary'
   return 'py_library'
 
@@ -79,18 +79,19 @@ def imports(path: str) -> tuple[set[str], set[str]]:
 
 
 def binaries_run(path: str) -> set[str]:
-  """Binaries `path` starts as processes (tests: `run_binary('name')`;
-  binaries/launch.py starts run_fedcg)."""
+  """Binaries `path` starts as processes (tests: `run_binary('name')`,
+  `BinaryRun('name')`;
+  binaries/common.py starts run_fedcg)."""
   with open(os.path.join(ROOT, path)) as f:
     tree = ast.parse(f.read())
   found = set()
   for node in ast.walk(tree):
     if (isinstance(node, ast.Call) and node.args and
         isinstance(node.args[0], ast.Constant) and
-        getattr(node.func, 'attr', getattr(node.func, 'id', '')) ==
-        'run_binary'):
+        getattr(node.func, 'attr', getattr(node.func, 'id', '')) in
+        ('run_binary', 'BinaryRun')):
       found.add(node.args[0].value)
-  if path == 'binaries/launch.py':
+  if path == 'binaries/common.py':
     found.add('run_fedcg')
   return found
 

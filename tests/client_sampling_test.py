@@ -4,15 +4,19 @@ touch only the sampled clients, resume after a crash mid-round, and the
 binary's --clients_per_round."""
 
 import csv
+import dataclasses
 import json
 import os
 import tracemalloc
 
+import attrs
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from fedcg_tff.algorithms import baselines_process_tff
+from fedcg_tff.algorithms import baselines_tf
+from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.program import checkpoint
 from fedcg_tff.program import client_store
@@ -58,9 +62,8 @@ def process():
 
 def _driver(process, states_dir=None, per_round=PER_ROUND,
             num_clients=NUM_CLIENTS):
-  return driver.ProcessAlgorithm(
-      TINY, num_clients, process, baselines_process_tff.init_client_computation(TINY),
-      client_store.ClientSampling(per_round, states_dir))
+  return driver.Driver(TINY, num_clients, process,
+                       client_store.ClientSampling(per_round, states_dir))
 
 
 def _bytes(state):
@@ -80,6 +83,93 @@ def _stored(directory):
 
 def _client_of(file_name):
   return int(file_name[len('client_'):len('client_') + 5])
+
+
+# ---------------------------------------------------------------------------
+# The driver without sampling: evaluation, states on disk, the fault check.
+
+
+def test_evaluation_scores_each_client_with_its_own_networks(process):
+  """Client i's validation and test accuracy are those of its own E_i, C_i
+  on its own splits: labels are set so that each client's own predictions
+  score a known, different fraction on each split; scoring with another
+  client's networks, or on the other split, gives other figures."""
+  n = 3
+  algorithm = _driver(process, per_round=None, num_clients=n)
+  # Clients whose predictions differ: private initial draws of E and C,
+  # widened, each client's output units rotated (at their initial scale a
+  # sigmoid LeNet predicts nearly one class whatever the input).
+  private = dataclasses.replace(TINY, client_init='private')
+  states = []
+  for i, seed in enumerate(driver.client_seeds(private, n)):
+    state = tf.nest.map_structure(np.asarray, baselines_tf.initial_client_state(
+        private, seed))
+    classifier = [8 * w for w in state.classifier]
+    classifier[-2:] = [np.roll(w, 3 * i, axis=-1) for w in classifier[-2:]]
+    states.append(attrs.evolve(
+        state, extractor=tuple(8 * w for w in state.extractor),
+        classifier=tuple(classifier)))
+  algorithm.restore((algorithm.server_state, states))
+  rng = np.random.default_rng(3)
+  images = [rng.normal(size=(20, 32, 32, 1)).astype(np.float32)
+            for _ in range(2 * n)]
+  nets = training_tf.PartyNetworks(
+      TINY, ('extractor', 'classifier'))
+  own = {'val': [15, 5, 10], 'test': [2, 18, 12]}  # Correct out of 20.
+  splits = {'val': [], 'test': []}
+  for i, state in enumerate(algorithm.client_states):
+    nets.extractor.set_weights(state.extractor)
+    nets.classifier.set_weights(state.classifier)
+    for k, split in enumerate(('val', 'test')):
+      x = images[2 * i + k]
+      predicted = np.argmax(nets.classifier(nets.extractor(x)), axis=-1)
+      labels = np.where(np.arange(20) < own[split][i], predicted,
+                        (predicted + 1) % 10).astype(np.int32)
+      splits[split].append(
+          tf.data.Dataset.from_tensor_slices((x, labels)).batch(8))
+  guard = []
+  for state in algorithm.client_states:
+    nets.extractor.set_weights(state.extractor)
+    nets.classifier.set_weights(state.classifier)
+    guard.append(np.argmax(nets.classifier(nets.extractor(images[0])), -1))
+  assert len({tuple(g) for g in guard}) == n  # The clients disagree.
+  val, test = algorithm.evaluate(splits['val'], splits['test'])
+  assert val == pytest.approx([v / 20 for v in own['val']])
+  assert test == pytest.approx([t / 20 for t in own['test']])
+
+
+def test_states_on_disk_without_sampling_give_the_memory_run(process,
+                                                             tmp_path):
+  """--client_states_on_disk with every client in every round: the same
+  rounds, metrics and states as in memory, every client's state in its
+  file and none held by the driver."""
+  n = 3
+  memory = _driver(process, per_round=None, num_clients=n)
+  disk = _driver(process, str(tmp_path), per_round=None, num_clients=n)
+  assert disk.states_on_disk and disk.state()[1] == []
+  for r in range(2):
+    data = [_dataset(i, 10 + r) for i in range(n)]
+    assert memory.run_round(r, data) == disk.run_round(r, data)
+  for i, state in enumerate(memory.client_states):
+    assert _bytes(disk.load_client_states([i])[0]) == _bytes(state)
+    assert disk.client_store.versions(i) == [1, 2]
+  assert memory.evaluate(*_eval_data(n)) == disk.evaluate(*_eval_data(n))
+
+
+def test_a_non_finite_round_stores_nothing(process, tmp_path):
+  """A round whose training goes non-finite raises NumericalFault naming
+  the client, before the driver keeps its server state or stores a client
+  state (the round's one finiteness check)."""
+  n = 3
+  algorithm = _driver(process, str(tmp_path), per_round=None, num_clients=n)
+  algorithm.run_round(0, [_dataset(i, 1) for i in range(n)])
+  server, files = _bytes(algorithm.server_state), _stored(str(tmp_path))
+  data = [_dataset(i, 2) for i in range(n)]
+  data[1] = data[1].map(lambda x, y: (x * float('nan'), y))
+  with pytest.raises(round_loop.NumericalFault, match=r'round 2, client 1'):
+    algorithm.run_round(1, data)
+  assert _bytes(algorithm.server_state) == server
+  assert _stored(str(tmp_path)) == files
 
 
 # ---------------------------------------------------------------------------
@@ -348,22 +438,22 @@ def test_binary_refuses_more_clients_per_round_than_clients(tmp_path):
   assert not out.exists()  # Nothing was written.
 
 
-def test_binary_samples_100_dirichlet_clients(tmp_path):
+def test_binary_samples_dirichlet_clients(tmp_path):
   data = tmp_path / 'idx'
   data.mkdir()
-  fake_data.write_fake_fmnist(str(data), n_train=2000, n_test=2000)
+  fake_data.write_fake_fmnist(str(data), n_train=1000, n_test=1000)
   out = tmp_path / 'out'
   args = [f'--output_dir={out}', f'--data_dir={data}', '--algorithm=fedavg',
-          '--num_clients=100', '--train_per_client=20',
+          '--num_clients=40', '--train_per_client=20',
           '--partition=dirichlet', '--dirichlet_alpha=5', '--batch_size=4',
           '--local_epochs=1', '--rounds=2', '--seed=3']
   rc, stdout, err = _run_binary([*args, '--clients_per_round=10'])
   assert rc == 0, err[-3000:]
-  assert 'task fmnist: 100 clients' in stdout and 'round 2/2' in stdout
+  assert 'task fmnist: 40 clients' in stdout and 'round 2/2' in stdout
   definition = json.loads((out / 'run.json').read_text())
   assert definition['run']['clients_per_round'] == 10
   # Files for the clients the two rounds sampled, and only theirs.
-  sampled = [client_store.sample_clients(3, r, 100, 10) for r in range(2)]
+  sampled = [client_store.sample_clients(3, r, 40, 10) for r in range(2)]
   files = os.listdir(out / 'client_states')
   assert {int(f[len('client_'):len('client_') + 5]) for f in files} == (
       set(sampled[0]) | set(sampled[1]))
@@ -372,11 +462,11 @@ def test_binary_samples_100_dirichlet_clients(tmp_path):
   assert len(rows) == 2
   for row, ids in zip(rows, sampled):
     # Every client is evaluated every round; only the sampled ones trained.
-    assert all(row[f'client_{i}/val_accuracy'] != '' for i in range(100))
-    trained = {i for i in range(100) if row.get(f'client_{i}/cls_loss')}
+    assert all(row[f'client_{i}/val_accuracy'] != '' for i in range(40))
+    trained = {i for i in range(40) if row.get(f'client_{i}/cls_loss')}
     assert trained == set(ids)
   results = json.loads((out / 'results.json').read_text())
-  assert len(results['test_accuracy_at_best_val']) == 100
+  assert len(results['test_accuracy_at_best_val']) == 40
   # Resuming with another sample size is refused, naming the flag.
   rc, _, err = _run_binary([*args, '--clients_per_round=20'], timeout=120)
   assert rc != 0 and '--clients_per_round: stored 10, given 20' in err

@@ -159,6 +159,33 @@ def test_domainnet_from_tfds_keeps_the_ten_classes():
     assert c.train[0].shape[1:] == (32, 32, 3)
 
 
+def test_domainnet_keeps_its_ten_named_classes_not_the_first_ten(
+    monkeypatch):
+  """Every kept image is of the named class its new label says: the loader
+  is fed one image per DomainNet class, its original class index written
+  into its pixels, and each kept image's index must name CLASSES[label]."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  def load(name, splits, data_dir=None, image_size=None, channels=3):
+    count = len(tfds.builder(name).info.features['label'].names)
+    labels = np.arange(count, dtype=np.int64)
+    images = np.zeros((count, image_size, image_size, channels), np.uint8)
+    images[:, 0, 0, 0], images[:, 0, 0, 1] = labels // 256, labels % 256
+    return [(images, labels) for _ in splits]
+
+  monkeypatch.setattr(tfds_loader, 'load', load)
+  names = tfds.builder('domainnet/real').info.features['label'].names
+  assert names[:10] != domainnet.CLASSES  # Else this test proves nothing.
+  task = domainnet.build(TaskOptions(data_source='tfds', image_size=8))
+  for client in task.clients:
+    for images, labels in (client.train, client.val, client.test):
+      original = images[:, 0, 0, 0].astype(int) * 256 + images[:, 0, 0, 1]
+      assert [names[i] for i in original] == [domainnet.CLASSES[l]
+                                              for l in labels]
+    kept = np.concatenate([client.train[1], client.val[1], client.test[1]])
+    assert sorted(kept) == sorted(list(range(10)) * 2)  # Both splits, all.
+
+
 def test_labels_outside_the_class_range_are_rejected():
   images = np.zeros((20, 28, 28), np.uint8)
   labels = np.arange(20) % 12  # 10 and 11 are not classes.

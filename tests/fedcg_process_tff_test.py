@@ -11,10 +11,11 @@ import tensorflow_federated as tff
 from fedcg_tff.algorithms import catalog
 from fedcg_tff.algorithms import fedcg_process_tff as fedcg
 from fedcg_tff.algorithms import fedcg_tf
-from fedcg_tff.algorithms import round_tff
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.program import driver
 from fedcg_tff.program import round_loop
 from fedcg_tff.program import run_files
+from tests import placement
 from tests.placement import EXTRACTOR_KERNEL_SHAPES
 from tests.placement import crossings as _crossings
 from tests.placement import leaks as _leaks
@@ -35,14 +36,8 @@ def process():
 
 
 @pytest.fixture(scope='module')
-def init_clients():
-  return round_tff.build_client_state_initializer(
-      fedcg.init_client_computation(TINY))
-
-
-def _evaluation():
-  return round_tff.build_evaluation(
-      TINY, fedcg.init_client_computation(TINY).type_signature.result)
+def init_clients(process):
+  return process.initialize_clients
 
 
 def test_no_extractor_crosses_a_placement(process, init_clients):
@@ -54,7 +49,7 @@ def test_no_extractor_crosses_a_placement(process, init_clients):
                  'federated_aggregate'}
   # ... and none of them carries an extractor kernel.
   assert _leaks(process.next) == []
-  for comp in (process.initialize, init_clients, _evaluation()):
+  for comp in (process.initialize, init_clients, process.evaluate):
     assert _leaks(comp) == []
   # The server state never holds one either; the client state does, at
   # CLIENTS only (so the shape check above is looking for the right thing).
@@ -73,6 +68,25 @@ def test_leak_check_catches_a_leaky_computation(init_clients):
     return tff.federated_mean(client_states.extractor)
 
   assert _leaks(leaky) == ['federated_mean']
+
+  # A flattened (or otherwise reshaped) extractor kernel is caught too.
+  flatten = tff.tensorflow.computation(
+      lambda extractor: tf.reshape(extractor[2], [-1]),
+      state_type.member.extractor)
+
+  @tff.federated_computation(state_type)
+  def flattened(client_states):
+    return tff.federated_mean(tff.federated_map(flatten,
+                                                client_states.extractor))
+
+  assert _leaks(flattened) == ['federated_mean']
+
+
+def test_leak_check_knows_each_family_s_extractor():
+  assert placement.extractor_kernels('lenet', 1) == EXTRACTOR_KERNEL_SHAPES
+  resnet = placement.extractor_kernels('resnet18', 3)
+  assert (7, 7, 3, 64) in resnet and (3, 3, 128, 128) in resnet
+  assert not resnet & placement.extractor_kernels('lenet', 3)
 
 
 def _equal(a, b):
@@ -95,9 +109,7 @@ def test_shared_client_init_starts_every_client_from_the_servers_networks(
 
 def test_private_client_init_draws_e_and_d_from_the_clients_seed():
   config = dataclasses.replace(TINY, client_init='private')
-  init = round_tff.build_client_state_initializer(
-      fedcg.init_client_computation(config))
-  a, again, b = init([3, 3, 4])
+  a, again, b = (fedcg_tf.initial_client_state(config, s) for s in (3, 3, 4))
   for name in ('extractor', 'discriminator'):
     assert _equal(getattr(a, name), getattr(again, name)), name  # Seeded.
     assert not np.allclose(getattr(a, name)[0], getattr(b, name)[0]), name
@@ -107,12 +119,12 @@ def test_private_client_init_draws_e_and_d_from_the_clients_seed():
   assert _equal(a.classifier, server.classifier)
 
 
-def test_first_round_equals_locals_under_shared_init():
+def test_first_round_equals_locals_under_shared_init(process):
   """As in the published code: with the same initial networks and gamma = 0
   in round 1, FedCG's stage 1 is Local's training, so every client's E and C
   after round 1 (what the evaluation scores) are Local's."""
   data = [_client_data(16, 1), _client_data(24, 2)]
-  fedcg_run = catalog.build('fedcg', TINY, 2)
+  fedcg_run = driver.Driver(TINY, 2, process)
   local_run = catalog.build('local', TINY, 2)
   fedcg_metrics = fedcg_run.run_round(0, data)
   local_run.run_round(0, data)
@@ -122,29 +134,19 @@ def test_first_round_equals_locals_under_shared_init():
     assert _equal(ours.classifier, local.classifier)
 
 
-def test_teacher_by_federated_mean_equals_direct_ensemble(init_clients):
-  comps = fedcg.FedCGComputations(TINY, tff.aggregators.MeanFactory())
-  message_type = comps.server_message.type_signature.result
-
-  @tff.federated_computation(
-      tff.FederatedType(message_type, tff.SERVER),
-      tff.FederatedType(comps.client_state_type, tff.CLIENTS),
-      tff.FederatedType(comps.data_type, tff.CLIENTS))
-  def clients_then_aggregate(message, states, data):
-    outputs = tff.federated_map(
-        comps.client_update, (tff.federated_broadcast(message), states, data))
-    aggregated = comps.aggregator.next(comps.aggregator.initialize(),
-                                       outputs.upload, outputs.weight)
-    return outputs.upload, outputs.weight, aggregated.result
-
-  server = fedcg_tf.initial_server_state(TINY, ())
+def test_teacher_by_federated_mean_equals_direct_ensemble(process,
+                                                           init_clients):
+  upload_type = process.parts.clients_step.type_signature.result.member.upload
+  mean_of = tff.aggregators.MeanFactory().create(upload_type,
+                                                 tff.TensorType(np.float32))
   noise, labels = fedcg_tf.distillation_inputs(TINY, 0)
-  message = fedcg_tf.ServerMessage(server.generator, server.classifier,
-                                   tf.constant(0), noise, labels)
   sizes = [8, 24, 40]  # Unequal weights.
-  uploads, weights, mean = clients_then_aggregate(
-      message, init_clients([1, 2, 3]),
+  outputs = process.parts.clients_step(
+      process.initialize(), init_clients([1, 2, 3]),
       [_client_data(n, i) for i, n in enumerate(sizes)])
+  uploads = [o.upload for o in outputs]
+  weights = [o.weight for o in outputs]
+  mean = mean_of.next(mean_of.initialize(), uploads, weights).result
   assert [float(w) for w in weights] == sizes
 
   w = np.array(sizes, np.float64) / sum(sizes)
@@ -204,7 +206,7 @@ def test_two_rounds_end_to_end(process, init_clients):
                          client_states[1].extractor[0])
   assert int(server_state.optimizer_state['step']) == 2 * TINY.distill_steps
 
-  evaluate = _evaluation()
+  evaluate = process.evaluate
   results = evaluate(client_states, [_client_data(20, 7)] * 3,
                      [_client_data(12, 8)] * 3)
   assert len(results) == 3
@@ -221,8 +223,8 @@ def test_two_rounds_end_to_end(process, init_clients):
   assert float(results[0].val_accuracy) == pytest.approx(np.mean(pred == y))
 
 
-def test_algorithm_runs_under_experiment_loop(tmp_path):
-  algorithm = fedcg.FedCGAlgorithm(TINY, num_clients=2)
+def test_algorithm_runs_under_experiment_loop(process, tmp_path):
+  algorithm = driver.Driver(TINY, 2, process)
   writer = run_files.MetricsWriter(str(tmp_path))
   result = round_loop.run(
       algorithm,

@@ -271,5 +271,68 @@ def test_server_update_advances_round():
   assert int(new.optimizer_state['step']) == TINY.distill_steps
 
 
+def _draw(config, model, seed):
+  """Initial weights of `model` ('generator', ...) from another `seed`."""
+  nets = fedcg_tf.PartyNetworks(config, (model,))
+  return model_weights.sample_initial(nets.model(model),
+                                      tf.constant(seed, tf.int64))
+
+
+def test_server_distils_from_the_aggregate_not_its_old_state():
+  """The server's new (G_g, C_g) is the distillation started from the
+  aggregated upload: exactly `distill` run from it. A server step that
+  distilled from its previous state, or ignored the aggregate, fails."""
+  config = dataclasses.replace(TINY, server_steps_per_epoch=2)
+  state = fedcg_tf.initial_server_state(config, ())
+  z, y = fedcg_tf.distillation_inputs(config, 0)
+  teacher = tf.random.stateless_normal([config.distill_samples, 10], [1, 2])
+  averaged = fedcg_tf.ClientUpload(_draw(config, 'generator', 77),
+                                   _draw(config, 'classifier', 78), teacher)
+  new, _ = fedcg_tf.server_update(fedcg_tf.PartyNetworks(config), state, (),
+                                  averaged, z, y)
+  nets = fedcg_tf.PartyNetworks(config, fedcg_tf.SERVER_NETWORKS)
+  model_weights.assign(nets.generator, averaged.generator)
+  model_weights.assign(nets.classifier, averaged.classifier)
+  tf.function(lambda: fedcg_tf.distill(nets, state.optimizer_state, z, y,
+                                       teacher))()
+  for name in ('generator', 'classifier'):
+    expected = model_weights.values(nets.model(name))
+    for got, want in zip(getattr(new, name), expected):
+      np.testing.assert_array_equal(got.numpy(), want.numpy())
+  # Two steps of lr 3e-4 stay near the aggregate, far from the old state.
+  assert np.allclose(new.classifier[0], averaged.classifier[0], atol=1e-2)
+  assert not np.allclose(new.classifier[0], state.classifier[0], atol=1e-2)
+
+
+def test_client_starts_its_round_from_the_broadcast_g_and_c():
+  """With a learning rate too small to move them, a client's uploaded G and
+  C equal the broadcast G_g and C_g (not its state's C nor a fresh G), and
+  its teacher logits are C_g(G_g(z, y)). A client that ignored the message
+  fails."""
+  config = dataclasses.replace(TINY, lr=1e-12, weight_decay=0.0)
+  state = fedcg_tf.initial_client_state(config, 11)
+  z, y = fedcg_tf.distillation_inputs(config, 0)
+  message = fedcg_tf.ServerMessage(_draw(config, 'generator', 55),
+                                   _draw(config, 'classifier', 56),
+                                   tf.constant(0), z, y)
+  out = fedcg_tf.client_update(fedcg_tf.PartyNetworks(config), message, state,
+                               _dataset(16))
+  nets = fedcg_tf.PartyNetworks(config, fedcg_tf.SERVER_NETWORKS)
+  for name in ('generator', 'classifier'):
+    # Trainable weights only: stage 2 moves G's batch-norm statistics.
+    trainable = [v.trainable for v in nets.model(name).weights]
+    sent = getattr(message, name)
+    for got, want, t in zip(getattr(out.upload, name), sent, trainable):
+      if t:
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6)
+  assert not np.allclose(out.upload.classifier[0], state.classifier[0])
+  model_weights.assign(nets.generator, out.upload.generator)
+  model_weights.assign(nets.classifier, out.upload.classifier)
+  np.testing.assert_allclose(
+      out.upload.teacher_logits.numpy(),
+      fedcg_tf.generated_logits(nets.generator, nets.classifier, z,
+                                y).numpy(), atol=1e-5)
+
+
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))

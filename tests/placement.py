@@ -1,16 +1,39 @@
 """What a TFF computation moves between placements, for the privacy tests.
 
 An algorithm leaks the private extractor if any intrinsic that moves values
-from one placement to another (a broadcast or an aggregation) carries a
-tensor with one of the extractor's weight shapes: no other network, nor
-anything else a round moves, has them.
+from one placement to another (a broadcast or an aggregation) carries one of
+the extractor's kernels: a tensor of a kernel's shape, or a vector of a
+kernel's number of elements (a flattened kernel). (Other shapes of the
+same size are not flagged: FedCG's [24, 100] distillation noise has the
+size of LeNet's second conv kernel.) No other
+network's tensor, nor anything else a round moves, matches them (the tests
+check that FedAvg's and a deliberately leaky computation's crossings do).
+Biases and batch-norm vectors are left out: their sizes (6, 16, 64, 128)
+are too common to tell networks apart.
 """
 
+import functools
+
+import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 
-# The LeNet extractor's weight shapes (5x5 kernels, biases of 6 and 16).
-EXTRACTOR_KERNEL_SHAPES = frozenset({(5, 5, 1, 6), (6,), (5, 5, 6, 16),
-                                     (16,)})
+from fedcg_tff.config import FedCGConfig
+
+
+@functools.lru_cache
+def extractor_kernels(model: str = 'lenet', channels: int = 1
+                      ) -> frozenset[tuple[int, ...]]:
+  """The shapes of the kernels (rank >= 2) of `model`'s extractor."""
+  from fedcg_tff.models import families  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    extractor = families.build_extractor(model, channels)
+    return frozenset(tuple(v.shape) for v in extractor.trainable_weights
+                     if len(v.shape) >= 2)
+
+
+# The LeNet extractor's kernel shapes (5x5 kernels of 6 and 16 filters).
+EXTRACTOR_KERNEL_SHAPES = frozenset({(5, 5, 1, 6), (5, 5, 6, 16)})
 
 
 def tensor_shapes(type_spec):
@@ -57,7 +80,54 @@ def crossings(comp):
   return found
 
 
-def leaks(comp):
-  """URIs of the crossing intrinsics that carry an extractor weight."""
-  return [uri for uri, t in crossings(comp)
-          if EXTRACTOR_KERNEL_SHAPES & set(tensor_shapes(t))]
+def carries_kernel(type_spec, kernels=EXTRACTOR_KERNEL_SHAPES) -> bool:
+  """Whether a type holds a tensor of one of `kernels`' shapes, or a
+  vector of one of their sizes."""
+  sizes = {int(np.prod(k)) for k in kernels}
+  shapes = tensor_shapes(type_spec)
+  return bool(kernels & set(shapes)) or any(
+      len(s) == 1 and s[0] in sizes for s in shapes)
+
+
+def leaks(comp, config: FedCGConfig | None = None):
+  """URIs of the crossing intrinsics that carry a kernel of the extractor
+  (of `config`'s model family; default LeNet, one channel)."""
+  kernels = (EXTRACTOR_KERNEL_SHAPES if config is None else
+             extractor_kernels(config.model, config.image_channels))
+  return [uri for uri, t in crossings(comp) if carries_kernel(t, kernels)]
+
+
+_MAPS = ('federated_map', 'federated_apply', 'federated_map_all_equal')
+
+
+def _graph_ops(compiled) -> set:
+  graph = tf.compat.v1.GraphDef()
+  compiled.proto.tensorflow.graph_def.Unpack(graph)
+  ops = {node.op for node in graph.node}
+  for function in graph.library.function:
+    ops |= {node.op for node in function.node_def}
+  return ops
+
+
+def tf_ops_by_placement(comp) -> dict:
+  """{placement: the TF op types of every computation `comp` maps at that
+  placement}: which ops run on the clients and which at the server."""
+  found = {}
+
+  def visit(node):
+    if (isinstance(node, tff.framework.Call) and
+        isinstance(node.function, tff.framework.Intrinsic) and
+        node.function.uri in _MAPS):
+      fn, value = node.argument[0], node.argument[1]
+      ops = found.setdefault(value.type_signature.placement, set())
+
+      def inner(n):
+        if isinstance(n, tff.framework.CompiledComputation):
+          ops.update(_graph_ops(n))
+        return n, False
+
+      tff.framework.transform_postorder(fn, inner)
+    return node, False
+
+  tff.framework.transform_postorder(comp.to_building_block(), visit)
+  return found

@@ -72,25 +72,24 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
   out = tmp_path / 'sweep'
   # Relative paths, from another working directory than the repository's.
+  # One seed: the mean and std over seeds are tested on results above; the
+  # runs, their directories and the reports are what this checks.
   args = ['--output_dir=sweep', '--algorithms=local,fedavg',
-          '--tasks=fmnist', '--seeds=1,2',
+          '--tasks=fmnist', '--seeds=3',
           '--run_flags=--data_dir=idx --num_clients=2 '
-          '--train_per_client=16 --rounds=2 --local_epochs=1']
+          '--train_per_client=16 --rounds=1 --local_epochs=1']
   proc = _sweep(args, cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
   for algorithm in ('local', 'fedavg'):
-    for seed in (1, 2):
-      assert (out / 'fmnist' / algorithm / f'seed_{seed}' /
-              'results.json').exists()
+    assert (out / 'fmnist' / algorithm / 'seed_3' / 'results.json').exists()
   md = (out / 'results.md').read_text()
-  assert '| algorithm | fmnist |' in md and '(2) |' in md
+  assert '| algorithm | fmnist |' in md and '(1) |' in md
   rows = list(csv.DictReader(io.StringIO((out / 'results.csv').read_text())))
   assert [r['algorithm'] for r in rows] == ['local', 'fedavg']
-  seed_means = [100 * np.mean(json.loads(
-      (out / 'fmnist' / 'fedavg' / f'seed_{s}' / 'results.json').read_text())
-      ['test_accuracy_at_best_val']) for s in (1, 2)]
+  result = json.loads(
+      (out / 'fmnist' / 'fedavg' / 'seed_3' / 'results.json').read_text())
   assert float(rows[1]['fmnist_mean']) == pytest.approx(
-      np.mean(seed_means), abs=1e-3)
+      100 * np.mean(result['test_accuracy_at_best_val']), abs=1e-3)
   assert (out / 'gain_fmnist.png').read_bytes()[:4] == b'\x89PNG'
   tags = [v.tag for path in glob.glob(f'{out}/tensorboard/events*')
           for e in tf.compat.v1.train.summary_iterator(path)
@@ -99,7 +98,7 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   # Rerunning skips a finished run; other run flags are refused rather than
   # mixed into the table (one of the four runs shows both).
   one_run = ['--output_dir=sweep', '--algorithms=local', '--tasks=fmnist',
-             '--seeds=1']
+             '--seeds=3']
   again = _sweep([*one_run, args[-1]], timeout=300, cwd=tmp_path)
   assert again.returncode == 0, again.stderr[-3000:]
   assert again.stdout.count('already holds this finished run') == 1

@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from fedcg_tff.algorithms import catalog
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.models import families
 from fedcg_tff.models import model_weights
+from tests import placement
 
 
 def test_resnet18_split_shapes():
@@ -46,6 +48,25 @@ def test_resnet18_initial_weights_are_seeded():
   assert len(a) == len(extractor.weights)
   np.testing.assert_array_equal(a[0].numpy(), b[0].numpy())
   assert not np.allclose(a[0].numpy(), c[0].numpy())
+
+
+@pytest.mark.parametrize('algorithm', catalog.ALGORITHMS)
+def test_every_algorithm_builds_with_resnet18_and_keeps_its_extractor(
+    algorithm):
+  """Every algorithm's process builds with the ResNet-18 split, and only
+  FedAvg, FedProx and FedDF send its extractor across a placement (the
+  leak check with ResNet's kernels)."""
+  config = FedCGConfig(model='resnet18', image_channels=3, batch_size=2,
+                       local_epochs=1, gan_epochs=1, server_epochs=1,
+                       server_steps_per_epoch=1)
+  kwargs = ({'server_images': np.zeros((2, 224, 224, 3), np.float32)}
+            if catalog.needs_server_images(algorithm) else {})
+  process = catalog.build_process(algorithm, config, **kwargs)
+  shares_extractor = algorithm in ('fedavg', 'fedprox', 'feddf')
+  assert bool(placement.leaks(process.next, config)) == shares_extractor
+  assert placement.carries_kernel(
+      process.client_state_type,
+      placement.extractor_kernels('resnet18', 3))
 
 
 if __name__ == '__main__':

@@ -160,6 +160,15 @@ def test_non_finite_values_stop_the_run_naming_them(tmp_path):
   algo.state = lambda: (state()[0], [{'weights': np.array(
       [0.0, np.nan if getattr(algo, '_round', -1) == 1 else 0.0],
       np.float32)}])
+  run_round = algo.run_round
+
+  def checked_round(round_num, train_data):
+    """As the driver's run_round: the round's one check, before storing."""
+    metrics = run_round(round_num, train_data)
+    round_loop.check_finite(round_num + 1, metrics, algo.state())
+    return metrics
+
+  algo.run_round = checked_round
   with pytest.raises(round_loop.NumericalFault,
                      match=r'round 2, client 0 state: weights holds 1 '):
     round_loop.run(algo, lambda r: [], [None], [None], max_rounds=3,

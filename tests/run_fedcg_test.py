@@ -1,4 +1,6 @@
-"""The binary: flag validation at start, and a tiny run end to end."""
+"""The binary: flag validation at start (in-process, as `main` runs), and
+tiny runs end to end in their own processes: one of FedCG, and FedAvg's for
+resume, workers and signals (the same driver and loop as FedCG's)."""
 
 import csv
 import glob
@@ -9,17 +11,36 @@ import subprocess
 import sys
 import time
 
+from absl import app
+from absl import flags
+from absl.testing import flagsaver
 import psutil
 import pytest
 import tensorflow as tf
 
+from binaries import run_fedcg
 from tests import binary_runs
 from tests import fake_data
 
 
 def _run(args, timeout=600):
-  proc = binary_runs.run_binary('run_fedcg', args, timeout)
-  return proc.returncode, proc.stdout, proc.stderr
+  """run_fedcg in its own process; also returns the TFF workers it started
+  (its worker_binary children, seen while it ran)."""
+  done, workers = binary_runs.BinaryRun('run_fedcg', args).wait(timeout)
+  return done.returncode, done.stdout, done.stderr, workers
+
+
+def _main(args):
+  """`run_fedcg.main` in this process with these flags; returns the usage
+  error it stops with (None if it ran through)."""
+  with flagsaver.flagsaver():
+    flags.FLAGS.unparse_flags()
+    try:
+      argv = flags.FLAGS(['run_fedcg', *args])
+      run_fedcg.main(argv)
+    except (app.UsageError, flags.Error) as e:
+      return str(e)
+  return None
 
 
 @pytest.mark.parametrize('flag,message', [
@@ -32,14 +53,15 @@ def _run(args, timeout=600):
     ('--batch_size=0', '--batch_size must be >= 1'),
     ('--gan_beta1=1.5', '--gan_beta1 must be in [0, 1)'),
     ('--rounds=0', '--rounds must be >= 1'),
-    ('--distance=l1', "flag --distance=l1"),
-    ('--algorithm=fedsgd', "flag --algorithm=fedsgd"),
+    ('--distance=l1', 'flag --distance=l1'),
+    ('--algorithm=fedsgd', 'flag --algorithm=fedsgd'),
+    ('--client_init=public', 'flag --client_init=public'),
     ('--prox_mu=-0.1', '--prox_mu must be finite and >= 0'),
     ('--server_data_size=100', '--server_data_size is only used by '
      '--algorithm=feddf'),
     ('--task=mnist', 'flag --task=mnist'),
     ('--model=vgg', 'flag --model=vgg'),
-    ('--dirichlet_alpha=0', '--dirichlet_alpha must be > 0'),
+    ('--dirichlet_alpha=0', '--dirichlet_alpha must be finite and > 0'),
     ('--noise_std=0.1', '--noise_std is only used with --add_noise'),
     ('--workers=0', '--workers must be >= 1, got 0'),
     ('--worker_addresses=nohost', "--worker_addresses: 'nohost' is not "
@@ -47,31 +69,27 @@ def _run(args, timeout=600):
     ('--device=gpu', '--device=gpu: TensorFlow sees no GPU'),
 ])
 def test_invalid_flag_fails_at_start_naming_it(tmp_path, flag, message):
-  rc, _, err = _run([f'--output_dir={tmp_path / "out"}', flag], timeout=60)
-  assert rc != 0
-  assert message in err
+  error = _main([f'--output_dir={tmp_path / "out"}', flag])
+  assert error is not None and message in error, error
   assert not (tmp_path / 'out').exists()  # Nothing was started.
 
 
 def test_missing_data_and_taken_output_dir(tmp_path):
-  rc, _, err = _run([f'--output_dir={tmp_path / "out"}',
-                     f'--data_dir={tmp_path / "nothing"}'], timeout=120)
-  assert rc != 0 and '--data_dir' in err and 'not found' in err
+  error = _main([f'--output_dir={tmp_path / "out"}',
+                 f'--data_dir={tmp_path / "nothing"}'])
+  assert '--data_dir' in error and 'not found' in error
   assert not (tmp_path / 'out').exists()  # No output directory was left.
-  data = tmp_path / 'idx'
-  data.mkdir()
-  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
+  data = _fake_idx(tmp_path)
   taken = tmp_path / 'taken'
   taken.mkdir()
   (taken / 'metrics.csv').write_text('keep me')
-  rc, _, err = _run([f'--output_dir={taken}', f'--data_dir={data}',
-                     '--train_per_client=16'], timeout=120)
-  assert rc != 0 and '--output_dir' in err
+  error = _main([f'--output_dir={taken}', f'--data_dir={data}',
+                 '--train_per_client=16'])
+  assert '--output_dir' in error
   assert (taken / 'metrics.csv').read_text() == 'keep me'
 
 
 def test_flags_list_every_registered_algorithm_and_task():
-  from binaries import run_fedcg  # pylint: disable=g-import-not-at-top
   from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
   from fedcg_tff import config  # pylint: disable=g-import-not-at-top
   from fedcg_tff.models import families  # pylint: disable=g-import-not-at-top
@@ -82,36 +100,36 @@ def test_flags_list_every_registered_algorithm_and_task():
 
 
 def test_task_errors_name_the_flag(tmp_path):
-  rc, _, err = _run([f'--output_dir={tmp_path / "out"}', '--task=digit5',
-                     f'--data_dir={tmp_path / "none"}'], timeout=120)
-  assert rc != 0 and '--task=digit5' in err and 'none' in err
+  error = _main([f'--output_dir={tmp_path / "out"}', '--task=digit5',
+                 f'--data_dir={tmp_path / "none"}'])
+  assert '--task=digit5' in error and 'none' in error
   assert not (tmp_path / 'out').exists()
-  data = tmp_path / 'idx'
-  data.mkdir()
-  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
-  rc, _, err = _run([f'--output_dir={tmp_path / "out"}',
-                     '--task=office_caltech10', '--algorithm=feddf',
-                     f'--data_dir={data}'], timeout=120)
-  assert rc != 0 and 'needs unlabeled server data' in err
+  data = _fake_idx(tmp_path)
+  error = _main([f'--output_dir={tmp_path / "out"}',
+                 '--task=office_caltech10', '--algorithm=feddf',
+                 f'--data_dir={data}'])
+  assert 'needs unlabeled server data' in error
+  error = _main([f'--output_dir={tmp_path / "out"}', f'--data_dir={data}',
+                 '--num_clients=2', '--train_per_client=16',
+                 '--batch_size=32'])
+  assert "--batch_size=32 is larger than client 'client_0''s 16" in error
+  assert not (tmp_path / 'out').exists()
 
 
-def test_feddf_run_uses_disjoint_server_data(tmp_path):
-  data = tmp_path / 'idx'
-  data.mkdir()
-  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
-  rc, _, err = _run([
+def test_feddf_run_uses_disjoint_server_data(tmp_path, capfd):
+  data = _fake_idx(tmp_path)
+  error = _main([
       f'--output_dir={tmp_path / "big"}', f'--data_dir={data}',
       '--algorithm=feddf', '--num_clients=2', '--train_per_client=16',
-      '--server_data_size=40'], timeout=120)
-  assert rc != 0 and '+ 40 server examples need 72' in err  # Only 64.
+      '--server_data_size=40'])
+  assert '+ 40 server examples need 72' in error  # Only 64.
   out = tmp_path / 'out'
-  rc, stdout, err = _run([
+  assert _main([
       f'--output_dir={out}', f'--data_dir={data}', '--algorithm=feddf',
       '--num_clients=2', '--train_per_client=16', '--server_data_size=20',
       '--rounds=1', '--local_epochs=1', '--server_epochs=1',
-      '--server_steps_per_epoch=2'])
-  assert rc == 0, err[-3000:]
-  assert 'server: 20 unlabeled images' in stdout
+      '--server_steps_per_epoch=2']) is None
+  assert "server: 20 unlabeled images" in capfd.readouterr().out
   results = json.loads((out / 'results.json').read_text())
   assert results['algorithm'] == 'feddf' and results['rounds_run'] == 1
   header = (out / 'metrics.csv').read_text().splitlines()[0].split(',')
@@ -121,6 +139,10 @@ def test_feddf_run_uses_disjoint_server_data(tmp_path):
 _TINY_RUN = ['--num_clients=2', '--train_per_client=16', '--local_epochs=1',
              '--gan_epochs=1', '--server_epochs=1',
              '--server_steps_per_epoch=2', '--rounds=4', '--patience=9']
+# FedAvg for the runs that check the driver and the loop (resume, workers,
+# signals): the same code paths as FedCG's at a third of the cost.
+_FEDAVG_RUN = ['--algorithm=fedavg', '--num_clients=2', '--train_per_client=16',
+               '--local_epochs=1', '--rounds=4', '--patience=9']
 _TIMING = ('round_seconds', 'mean_round_seconds', 'total_round_seconds')
 
 
@@ -147,64 +169,66 @@ def _fake_idx(tmp_path):
   return data
 
 
-def _all_workers() -> set[int]:
-  return {p.pid for p in psutil.process_iter(['name'])
-          if p.info['name'] == 'worker_binary'}
+def _gone(pids):
+  """Whether none of `pids` is a live process any more."""
+  return not [p for p in pids if psutil.pid_exists(p) and
+              psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.fixture(scope='module')
-def reference_run(tmp_path_factory):
-  """The fake data and one uninterrupted tiny run on it: what the runs
-  below must reproduce."""
-  root = tmp_path_factory.mktemp('reference')
-  data = _fake_idx(root)
-  whole = root / 'whole'
-  rc, stdout, err = _run([f'--output_dir={whole}', f'--data_dir={data}',
-                          *_TINY_RUN])
+def data_dir(tmp_path_factory):
+  return _fake_idx(tmp_path_factory.mktemp('data'))
+
+
+@pytest.fixture(scope='module')
+def fedavg_run(data_dir, tmp_path_factory):
+  """One uninterrupted tiny FedAvg run: what the runs below reproduce."""
+  whole = tmp_path_factory.mktemp('fedavg') / 'whole'
+  rc, stdout, err, workers = _run([f'--output_dir={whole}',
+                                   f'--data_dir={data_dir}', *_FEDAVG_RUN])
   assert rc == 0, err[-3000:]
-  return data, whole, stdout
+  assert workers and _gone(workers)
+  return whole, stdout
 
 
-def test_tiny_run_end_to_end(reference_run):
-  _, out, stdout = reference_run
+def test_tiny_fedcg_run_end_to_end(data_dir, tmp_path):
+  """The one FedCG binary run: progress, table, files, reproducibility of
+  its first round, and no worker left behind."""
+  out = tmp_path / 'fedcg'
+  rc, stdout, err, workers = _run([f'--output_dir={out}',
+                                   f'--data_dir={data_dir}', *_TINY_RUN])
+  assert rc == 0, err[-3000:]
+  assert workers and _gone(workers)
   assert 'round 1/4' in stdout and 'round 4/4' in stdout and 'ETA' in stdout
   assert 'task fmnist: 2 clients' in stdout  # The task's description.
   assert 'test_acc_at_best_val' in stdout and 'mean' in stdout
+  assert f'tensorboard --logdir {out}/tensorboard' in stdout
   results = json.loads((out / 'results.json').read_text())
-  assert results['rounds_run'] == 4
+  assert results['rounds_run'] == 4 and results['client_init'] == 'shared'
   assert len(results['test_accuracy_at_best_val']) == 2
   definition = json.loads((out / 'run.json').read_text())
   assert definition['config']['server_steps_per_epoch'] == 2
+  assert definition['config']['client_init'] == 'shared'
   assert definition['run']['rounds'] == 4
-  rows = (out / 'metrics.csv').read_text().splitlines()
-  assert len(rows) == 5
+  rows = _metrics_without_timing(out)
+  assert len(rows) == 4 and float(rows[0]['mean/gamma']) == 0.0
+  for key in ('client_1/g_loss', 'client_0/d_loss', 'server/distill_kl'):
+    assert rows[0][key] != ''
   assert any(f.startswith('events.out.tfevents')
              for f in os.listdir(out / 'tensorboard'))
 
 
-def test_two_workers_give_the_same_metrics(reference_run, tmp_path):
-  """Also: the run leaves no worker behind."""
-  data, whole, _ = reference_run
-  before = _all_workers()
+def test_two_workers_give_the_same_metrics(fedavg_run, data_dir, tmp_path):
+  """Also: the run leaves none of its workers behind."""
+  whole, _ = fedavg_run
   out = tmp_path / 'two_workers'
-  rc, stdout, err = _run([f'--output_dir={out}', f'--data_dir={data}',
-                          *_TINY_RUN, '--workers=2'])
+  rc, stdout, err, workers = _run([f'--output_dir={out}',
+                                   f'--data_dir={data_dir}', *_FEDAVG_RUN,
+                                   '--workers=2'])
   assert rc == 0, err[-3000:]
   assert 'spread over 2 TFF workers' in stdout
-  assert _all_workers() <= before
-  first = _metrics_without_timing(whole)
-  assert len(first) == 4 and 'client_1/g_loss' in first[0]
+  assert len(workers) >= 3 and _gone(workers)  # 2 + the default context's.
   _assert_same_run(out, whole)
-
-
-def test_batch_larger_than_a_client_is_refused(tmp_path):
-  data = _fake_idx(tmp_path)
-  rc, _, err = _run([f'--output_dir={tmp_path / "out"}', f'--data_dir={data}',
-                     '--num_clients=2', '--train_per_client=16',
-                     '--batch_size=32'], timeout=120)
-  assert rc != 0
-  assert "--batch_size=32 is larger than client 'client_0''s 16" in err
-  assert not (tmp_path / 'out').exists()
 
 
 def _start(out, args, env=None):
@@ -223,10 +247,10 @@ def _wait_for(path, proc, timeout=300):
     time.sleep(0.1)
 
 
-def test_killed_run_resumes_to_the_uninterrupted_result(reference_run,
-                                                        tmp_path):
-  data, whole, _ = reference_run
-  args = [f'--data_dir={data}', *_TINY_RUN]
+def test_killed_run_resumes_to_the_uninterrupted_result(fedavg_run, data_dir,
+                                                        tmp_path, capsys):
+  whole, _ = fedavg_run
+  args = [f'--data_dir={data_dir}', *_FEDAVG_RUN]
   broken = tmp_path / 'broken'
   proc = _start(broken, args)
   _wait_for(broken / 'checkpoints' / 'round_2', proc)
@@ -246,7 +270,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference_run,
   assert not (broken / 'results.json').exists()
 
   # Without the fault it resumes after round 2 to the uninterrupted result.
-  rc, stdout, err = _run([f'--output_dir={broken}', *args])
+  rc, stdout, err, _ = _run([f'--output_dir={broken}', *args])
   assert rc == 0, err[-3000:]
   assert 'resuming after round 2' in stdout
   _assert_same_run(broken, whole)
@@ -257,23 +281,23 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference_run,
     steps += [e.step for e in tf.compat.v1.train.summary_iterator(path)
               for v in e.summary.value if v.tag == 'mean/val_accuracy']
   assert sorted(steps) == [1, 2, 3, 4]
-  # Rerunning a finished run does nothing and says so.
-  rc, stdout, _ = _run([f'--output_dir={broken}', *args], timeout=120)
-  assert rc == 0 and 'already holds this finished run' in stdout
-  # Other flags into the same directory are refused, naming the flag.
+  # Rerunning a finished run does nothing and says so; other flags into the
+  # same directory are refused, naming the flag (both checked in-process,
+  # as the binary runs them before any training).
   written = {name: (broken / name).read_bytes()
              for name in ('run.json', 'results.json', 'metrics.csv')}
-  rc, _, err = _run([f'--output_dir={broken}', *args, '--lr=0.001'],
-                    timeout=120)
-  assert rc != 0 and '--lr: stored 0.0003, given 0.001' in err
+  capsys.readouterr()
+  assert _main([f'--output_dir={broken}', *args]) is None
+  assert 'already holds this finished run' in capsys.readouterr().out
+  error = _main([f'--output_dir={broken}', *args, '--lr=0.001'])
+  assert '--lr: stored 0.0003, given 0.001' in error
   assert written == {name: (broken / name).read_bytes() for name in written}
 
 
-def test_sigterm_stops_promptly_leaving_no_child(reference_run, tmp_path):
+def test_sigterm_stops_promptly_leaving_no_child(data_dir, tmp_path):
   """(Resuming is the same as after the SIGKILL above.)"""
-  data, _, _ = reference_run
   termed = tmp_path / 'termed'
-  proc = _start(termed, [f'--data_dir={data}', *_TINY_RUN])
+  proc = _start(termed, [f'--data_dir={data_dir}', *_FEDAVG_RUN])
   _wait_for(termed / 'checkpoints' / 'round_1', proc)
   children = psutil.Process(proc.pid).children(recursive=True)
   assert children  # TFF's worker.

@@ -109,3 +109,41 @@ def test_gan_epoch_is_unchanged_by_the_fused_kernel(monkeypatch):
   assert len(fused) == len(functional)
   for a, b in zip(fused, functional):
     np.testing.assert_array_equal(a, b)
+
+
+def test_weight_decay_is_l2_on_the_gradient_of_e_and_c():
+  """`weight_decay` adds wd * w to the gradient of every weight of E and C
+  (PyTorch's Adam(weight_decay=wd)): the same as minimising the loss plus
+  (wd / 2) * ||w||^2 without it. A loop that dropped or halved the decay
+  fails."""
+  rng = np.random.default_rng(5)
+  data = tf.data.Dataset.from_tensor_slices((
+      rng.normal(size=(16, 32, 32, 1)).astype(np.float32),
+      rng.integers(0, 10, 16).astype(np.int32))).batch(8)
+  wd = 0.5
+
+  def train(config, penalty):
+    nets = training_tf.PartyNetworks(config, ('extractor', 'classifier'))
+    state = fedcg_tf.initial_client_state(config, 3)
+    model_weights.assign(nets.extractor, state.extractor)
+    model_weights.assign(nets.classifier, state.classifier)
+    variables = (nets.extractor.trainable_variables +
+                 nets.classifier.trainable_variables)
+    extra = None
+    if penalty:
+      extra = lambda *_: 0.5 * wd * tf.add_n(
+          [tf.reduce_sum(tf.square(v)) for v in variables])
+    tf.function(lambda: training_tf.train_classifier(
+        nets, state.classification_optimizer, data, 1, extra))()
+    return [v.numpy() for v in variables]
+
+  decayed = train(FedCGConfig(weight_decay=wd), penalty=False)
+  penalised = train(FedCGConfig(weight_decay=0.0), penalty=True)
+  plain = train(FedCGConfig(weight_decay=0.0), penalty=False)
+  for a, b in zip(decayed, penalised):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  assert not all(np.allclose(a, c, atol=1e-6) for a, c in zip(decayed, plain))
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

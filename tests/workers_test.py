@@ -13,8 +13,10 @@ import tree
 
 from fedcg_tff.algorithms import catalog
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.execution import round_runner
 from fedcg_tff.execution import runtime
 from fedcg_tff.execution import workers
+from fedcg_tff.program import driver
 
 TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
                    server_epochs=1, server_steps_per_epoch=3)
@@ -71,16 +73,34 @@ def _running(processes):
   return [p for p in processes if running(p)]
 
 
+def _cpu_by_pid():
+  """CPU seconds used so far by each TFF worker of this process."""
+  return {p.pid: sum(p.cpu_times()[:2]) for p in runtime.worker_processes()}
+
+
+def _grew(before, after, minimum=0.1):
+  """The workers that used `minimum` CPU seconds more (new ones: in all)."""
+  return {pid for pid, t in after.items() if t - before.get(pid, 0.0) >
+          minimum}
+
+
 @pytest.mark.parametrize('name', ['fedcg', 'local'])
 def test_two_workers_give_the_single_worker_round(name, two_workers):
   algorithm = catalog.build(name, TINY, NUM_CLIENTS)
   process = algorithm.process
   server, clients = algorithm.state()
   data = [_data(i) for i in range(NUM_CLIENTS)]
-  sharded = workers.ShardedRound(process.parts, two_workers)
+  sharded = round_runner.RoundRunner(process.parts, two_workers)
 
+  start = _cpu_by_pid()
   expected = process.next(server, clients, data)
+  before = _cpu_by_pid()
+  default_context = _grew(start, before)  # Ran `next`.
   got = sharded(server, clients, data)
+  if name == 'fedcg':  # Seconds of work per client: clearly measurable.
+    # Both of the pool's workers trained clients: a pool that ran every
+    # shard on one worker (or in the default context) fails this.
+    assert len(_grew(before, _cpu_by_pid()) - default_context) == 2
   _assert_identical(expected, got)
   # The round did something: client states moved.
   assert any(not np.array_equal(a, b) for a, b in
@@ -88,19 +108,19 @@ def test_two_workers_give_the_single_worker_round(name, two_workers):
   # Two rounds in a row stay identical too.
   _assert_identical(process.next(*expected[:2], data),
                     sharded(*got[:2], data))
-  assert len(runtime.worker_processes()) >= 2
 
 
 @pytest.fixture(scope='module')
-def fedavg_pair():
-  """Two FedAvg drivers (one build of the computations, cached per config)."""
-  return (catalog.build('fedavg', TINY, NUM_CLIENTS),
-          catalog.build('fedavg', TINY, NUM_CLIENTS))
+def fedavg_process():
+  return catalog.build_process('fedavg', TINY)
 
 
-def test_algorithm_driver_uses_the_sharded_round(two_workers, fedavg_pair):
-  single, spread = fedavg_pair
-  spread.next_round = workers.ShardedRound(spread.process.parts, two_workers)
+def test_driver_spreads_its_rounds_over_the_workers(two_workers,
+                                                    fedavg_process):
+  single = driver.Driver(TINY, NUM_CLIENTS, fedavg_process)
+  spread = driver.Driver(TINY, NUM_CLIENTS, fedavg_process,
+                         workers=two_workers)
+  assert spread.runner.workers is two_workers
   data = [_data(i) for i in range(NUM_CLIENTS)]
   assert single.run_round(0, data) == spread.run_round(0, data)
   _assert_identical(single.state(), spread.state())
@@ -112,19 +132,19 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_remote_worker_by_address(fedavg_pair):
+def test_remote_worker_by_address(fedavg_process):
   port = _free_port()
   server = subprocess.Popen(
       [sys.executable, '-m', 'binaries.run_worker', f'--port={port}'],
       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
     pool = workers.Workers.remote([f'localhost:{port}'])
-    algorithm = fedavg_pair[0]
+    algorithm = driver.Driver(TINY, NUM_CLIENTS, fedavg_process)
     server_state, clients = algorithm.state()
     data = [_data(i) for i in range(NUM_CLIENTS)]
     _assert_identical(
-        algorithm.process.next(server_state, clients, data),
-        workers.ShardedRound(algorithm.process.parts, pool)(
+        fedavg_process.next(server_state, clients, data),
+        round_runner.RoundRunner(fedavg_process.parts, pool)(
             server_state, clients, data))
   finally:
     server.terminate()

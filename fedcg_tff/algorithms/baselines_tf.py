@@ -20,9 +20,11 @@ is what the evaluation scores, as for FedCG.
 """
 
 import dataclasses
+import os
 from typing import Any
 
 import attrs
+import numpy as np
 import tensorflow as tf
 
 from fedcg_tff.algorithms import training_tf
@@ -192,6 +194,54 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
   )
 
 
+def upload_example(config: FedCGConfig, baseline: Baseline) -> dict:
+  """Tensors shaped as one client's upload: its weights (or update) of each
+  shared network."""
+  nets = PartyNetworks(config, baseline.shared)
+  return {name: nets.initial_weights(name) for name in baseline.shared}
+
+
+def server_message(state: ServerState) -> ServerMessage:
+  """What the server broadcasts: its shared networks (FedGen: and G)."""
+  return ServerMessage(shared=state.shared, generator=state.generator,
+                       round_num=state.round_num)
+
+
+def advance_round(state: ServerState) -> ServerState:
+  """Local's server step: nothing to aggregate, only the round advances."""
+  return ServerState(shared=state.shared, generator=state.generator,
+                     optimizer_state=state.optimizer_state,
+                     aggregator_state=state.aggregator_state,
+                     round_num=state.round_num + 1)
+
+
+def write_server_images(images: np.ndarray, path: str,
+                        image_size: int = 32) -> str:
+  """Writes FedDF's server images (float32 NHWC, preprocessed as the
+  clients' inputs) where its server update reads them
+  (`tf.io.serialize_tensor` format, through a temporary file renamed over
+  `path`); returns `path`. Only the path is in the server's computation, so
+  the images are not re-serialised into it each round."""
+  images = np.asarray(images, np.float32)
+  if images.ndim != 4 or images.shape[1:3] != (image_size, image_size):
+    raise ValueError(f'server images must be [n, {image_size}, {image_size}, '
+                     f'channels], got shape {images.shape}')
+  if not len(images):
+    raise ValueError('FedDF needs at least one server image')
+  tmp = path + '.tmp'
+  tf.io.write_file(tmp, tf.io.serialize_tensor(images))
+  os.replace(tmp, path)
+  return path
+
+
+def read_server_images(path: str, config: FedCGConfig):
+  """FedDF's server images from `write_server_images`'s file."""
+  images = tf.io.parse_tensor(tf.io.read_file(path), tf.float32)
+  images.set_shape([None, config.image_size, config.image_size,
+                    config.image_channels])
+  return images
+
+
 # ---------------------------------------------------------------------------
 # Client update.
 
@@ -258,9 +308,13 @@ def client_update(nets: PartyNetworks, baseline: Baseline, message: ServerMessag
     upload = {name: tuple(w - b for w, b in zip(upload[name],
                                                  message.shared[name]))
               for name in baseline.shared}
+  weight = tf.cast(num_examples, tf.float32)
+  if message is None:
+    # Nothing is uploaded: the round keeps the common shape with an empty
+    # upload and a zero weight that the server's step ignores.
+    upload, weight = (), tf.constant(0.0)
   return ClientOutput(
-      state=new_state, upload=upload,
-      weight=tf.cast(num_examples, tf.float32),
+      state=new_state, upload=upload, weight=weight,
       metrics=ClientMetrics(num_examples=num_examples, cls_loss=cls_loss,
                             extra_loss=extra))
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from fedcg_tff.algorithms import baselines_process_tff
 from fedcg_tff.algorithms import fedcg_process_tff
+from fedcg_tff.algorithms import round_tff
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.program import client_store
 from fedcg_tff.program import driver
@@ -18,21 +19,19 @@ def needs_server_images(algorithm: str) -> bool:
   return algorithm == 'feddf'
 
 
-def build(algorithm: str,
-          config: FedCGConfig,
-          num_clients: int,
-          server_images: Optional[np.ndarray] = None,
-          aggregation_factory=None,
-          server_images_dir: Optional[str] = None,
-          sampling: Optional[client_store.ClientSampling] = None,
-          upload_updates: bool = False
-          ) -> driver.ProcessAlgorithm:
-  """The driver of `algorithm` for `round_loop.run`; `sampling`: clients per
-  round and where client states live (default: all clients, in memory).
+def build_process(algorithm: str, config: FedCGConfig,
+                  aggregation_factory=None,
+                  server_images: Optional[np.ndarray] = None,
+                  server_images_dir: Optional[str] = None,
+                  upload_updates: bool = False,
+                  timed: bool = False) -> round_tff.RoundProcess:
+  """`algorithm`'s iterative process (`round_tff.RoundProcess`).
 
   `upload_updates` (fedavg, fedprox, fedsplit): clients upload their
   round's update rather than their weights, for a DP `aggregation_factory`
-  (`dp.mean_factory`) that must clip and noise updates.
+  (`dp.mean_factory`) that must clip and noise updates. `server_images`
+  (FedDF): its unlabeled server data. `timed` (FedCG): phase stamps for
+  binaries/benchmark.py.
   """
   if algorithm not in ALGORITHMS:
     raise ValueError(f'algorithm must be one of {ALGORITHMS}, '
@@ -41,9 +40,31 @@ def build(algorithm: str,
     if upload_updates:
       raise ValueError('upload_updates applies to '
                        f'{baselines_process_tff.UPDATE_ALGORITHMS}, not fedcg')
-    return fedcg_process_tff.FedCGAlgorithm(config, num_clients, aggregation_factory,
-                                    sampling=sampling)
-  return baselines_process_tff.BaselineAlgorithm(
-      config, algorithm, num_clients, aggregation_factory,
-      server_images=server_images, server_images_dir=server_images_dir,
-      sampling=sampling, upload_updates=upload_updates)
+    return fedcg_process_tff.build_fedcg_process(config, aggregation_factory,
+                                                 timed)
+  if timed:
+    raise ValueError(f'timed applies to fedcg, not {algorithm!r}')
+  return baselines_process_tff.build_baseline_process(
+      config, algorithm, aggregation_factory, server_images=server_images,
+      server_images_dir=server_images_dir, upload_updates=upload_updates)
+
+
+def build(algorithm: str,
+          config: FedCGConfig,
+          num_clients: int,
+          server_images: Optional[np.ndarray] = None,
+          aggregation_factory=None,
+          server_images_dir: Optional[str] = None,
+          sampling: Optional[client_store.ClientSampling] = None,
+          upload_updates: bool = False,
+          workers=None, on_timing=None, timed: bool = False
+          ) -> driver.Driver:
+  """The driver of `algorithm` for `round_loop.run` (`build_process`'s
+  process); `sampling`: clients per round and where client states live
+  (default: all clients, in memory); `workers`, `on_timing`: how rounds run
+  (`driver.Driver`)."""
+  process = build_process(algorithm, config, aggregation_factory,
+                          server_images, server_images_dir, upload_updates,
+                          timed)
+  return driver.Driver(config, num_clients, process, sampling=sampling,
+                       workers=workers, on_timing=on_timing)

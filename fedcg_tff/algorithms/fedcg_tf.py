@@ -91,6 +91,9 @@ class ServerMetrics:
   distill_kl: Any  # Mean KL over the distillation steps.
   distill_kl_first: Any
   distill_kl_last: Any
+  # With `timed`: wall-clock stamps before and after the distillation (for
+  # binaries/benchmark.py); () otherwise. Not a scalar metric.
+  times: Any = ()
 
 
 # ---------------------------------------------------------------------------
@@ -258,33 +261,24 @@ def client_update(nets: PartyNetworks, message: ServerMessage, state: ClientStat
   model_weights.assign(nets.extractor, state.extractor)
   model_weights.assign(nets.discriminator, state.discriminator)
   gamma = gamma_ramp(message.round_num, config.gamma_ramp_rounds)
-
-  stamps = []
-
-  def stamp(after):
-    """A timestamp after `after`; the next phase is built after it."""
-    if not timed:
-      return []
-    with tf.control_dependencies(tf.nest.flatten(after)):
-      stamps.append(tf.timestamp())
-    return stamps[-1:]
+  stamps = training_tf.Stamps(timed)
 
   num_examples = training_tf.count_examples(dataset)
   # Passes over `dataset` in order: see training_tf.PASS_ORDER_NOTE. Stage 2
   # follows stage 1 through the extractor's variables.
   with tf.control_dependencies([num_examples]):
-    with tf.control_dependencies(stamp(num_examples)):
+    with tf.control_dependencies(stamps.after(num_examples)):
       cls_opt, cls_loss, dist_loss = train_classification(
           nets, state.classification_optimizer, dataset, gamma, state.seed,
           message.round_num)
-  with tf.control_dependencies(stamp((cls_opt, cls_loss, dist_loss))):
+  with tf.control_dependencies(stamps.after((cls_opt, cls_loss, dist_loss))):
     d_opt, g_opt, d_loss, g_loss = train_gan(
         nets, state.discriminator_optimizer, state.generator_optimizer,
         dataset, state.seed, message.round_num)
-  with tf.control_dependencies(stamp((d_opt, g_opt, d_loss, g_loss))):
+  with tf.control_dependencies(stamps.after((d_opt, g_opt, d_loss, g_loss))):
     teacher = generated_logits(nets.generator, nets.classifier,
                                message.distill_noise, message.distill_labels)
-  stamp(teacher)
+  stamps.after(teacher)
 
   classifier = model_weights.values(nets.classifier)
   new_state = ClientState(
@@ -306,11 +300,28 @@ def client_update(nets: PartyNetworks, message: ServerMessage, state: ClientStat
                           dist_loss=dist_loss, d_loss=d_loss, g_loss=g_loss)
   return ClientOutput(state=new_state, upload=upload,
                       weight=tf.cast(num_examples, tf.float32),
-                      metrics=metrics, times=tuple(stamps))
+                      metrics=metrics, times=tuple(stamps.values))
 
 
 # ---------------------------------------------------------------------------
 # Server update.
+
+
+def server_message(state: ServerState, distill_inputs) -> ServerMessage:
+  """What the server broadcasts: G_g, C_g, the round and its (z, y)."""
+  noise, labels = distill_inputs
+  return ServerMessage(generator=state.generator, classifier=state.classifier,
+                       round_num=state.round_num, distill_noise=noise,
+                       distill_labels=labels)
+
+
+def upload_example(config: FedCGConfig) -> ClientUpload:
+  """Tensors shaped as one client's upload (G, C, teacher logits)."""
+  nets = PartyNetworks(config, SERVER_NETWORKS)
+  return ClientUpload(
+      generator=model_weights.values(nets.generator),
+      classifier=model_weights.values(nets.classifier),
+      teacher_logits=tf.zeros([config.distill_samples, config.num_classes]))
 
 
 def distillation_inputs(config: FedCGConfig, round_num):
@@ -345,12 +356,16 @@ def distill(nets: PartyNetworks, optimizer_state, noise, labels, teacher_logits)
 
 @tf.function
 def server_update(nets: PartyNetworks, state: ServerState, aggregator_state,
-                  averaged: ClientUpload, noise, labels):
-  """Weighted-average (G, C) from the aggregator, then distil the ensemble."""
-  model_weights.assign(nets.generator, averaged.generator)
-  model_weights.assign(nets.classifier, averaged.classifier)
-  optimizer_state, kls = distill(nets, state.optimizer_state, noise, labels,
-                                 averaged.teacher_logits)
+                  averaged: ClientUpload, noise, labels, timed: bool = False):
+  """Weighted-average (G, C) from the aggregator, then distil the ensemble.
+  `timed` stamps the distillation (`ServerMetrics.times`)."""
+  stamps = training_tf.Stamps(timed)
+  assigned = (model_weights.assign(nets.generator, averaged.generator) +
+              model_weights.assign(nets.classifier, averaged.classifier))
+  with tf.control_dependencies(stamps.after(assigned)):
+    optimizer_state, kls = distill(nets, state.optimizer_state, noise, labels,
+                                   averaged.teacher_logits)
+  stamps.after((optimizer_state, kls))
   new_state = ServerState(
       generator=model_weights.values(nets.generator),
       classifier=model_weights.values(nets.classifier),
@@ -360,5 +375,5 @@ def server_update(nets: PartyNetworks, state: ServerState, aggregator_state,
   )
   mean, first, last = training_tf.loss_summary(kls)
   metrics = ServerMetrics(distill_kl=mean, distill_kl_first=first,
-                          distill_kl_last=last)
+                          distill_kl_last=last, times=tuple(stamps.values))
   return new_state, metrics

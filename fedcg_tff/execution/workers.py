@@ -8,14 +8,15 @@ the order the workers *finish*, so client states come back permuted
 (`MergeableCompExecutionContext._run_in_async_context_pool`). So each
 algorithm's round is also built as two federated computations
 (`round_tff.RoundParts`): the clients' step, which needs nothing from other
-clients, and the server's step, which aggregates. `ShardedRound` runs the
-clients' step on contiguous shards of the clients, one shard per worker and
-all at once, puts the per-client outputs back in client order, and runs the
-server's step in the default context. `next` is defined as exactly that
-composition, so a sharded round gives bit-for-bit what `next` gives.
+clients, and the server's step, which aggregates. `Workers.map_clients`
+runs the clients' step on contiguous shards of the clients, one shard per
+worker and all at once, and puts the per-client outputs back in client
+order; `round_runner.RoundRunner` then runs the server's step in the default
+context. `next` is defined as exactly that composition, so a sharded round
+gives bit-for-bit what `next` gives.
 
 Workers are TFF's C++ `worker_binary`: local ones are started (and, through
-`fedcg_tff.runtime`, stopped) by this process; remote ones are reached by
+`execution.runtime`, stopped) by this process; remote ones are reached by
 address (`binaries/run_worker.py` starts one on another machine).
 """
 
@@ -35,7 +36,6 @@ from tensorflow_federated.python.core.impl.executor_stacks import python_executo
 from tensorflow_federated.python.core.impl.executors import remote_executor
 from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
 
-from fedcg_tff.algorithms import round_tff
 from fedcg_tff.execution import runtime
 
 CONNECT_TIMEOUT_SECONDS = 20.0
@@ -151,23 +151,3 @@ class Workers:
     for future in futures:
       joined.extend(future.result())
     return joined
-
-
-class ShardedRound:
-  """One round of a `round_tff.RoundProcess` with its clients' step
-  spread over `workers`; same inputs and outputs as the process's `next`."""
-
-  def __init__(self, parts, workers: Workers):
-    self.parts = parts
-    self.workers = workers
-
-  def __call__(self, server_state, client_states, client_data):
-    outputs = self.workers.map_clients(
-        self.parts.clients_step, (server_state,),
-        (list(client_states), list(client_data)))
-    new_server_state, server_metrics, measurements = self.parts.server_step(
-        server_state, [o.upload for o in outputs], [o.weight for o in outputs])
-    metrics = round_tff.RoundMetrics(
-        server=server_metrics, aggregator=measurements,
-        clients=[o.metrics for o in outputs])
-    return new_server_state, [o.state for o in outputs], metrics

@@ -4,10 +4,10 @@ store between rounds, samples clients and evaluates them."""
 
 import attrs
 import numpy as np
-import tensorflow_federated as tff
 
 from fedcg_tff.algorithms import round_tff
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.execution import round_runner
 from fedcg_tff.program import client_store
 from fedcg_tff.program import round_loop
 
@@ -18,9 +18,12 @@ def client_seeds(config: FedCGConfig, num_clients: int) -> list[int]:
 
 
 def _scalars(prefix: str, metrics) -> dict[str, float]:
+  """The scalar fields of an attrs metrics value (`times`, a timed
+  process's stamps, is not a metric)."""
   if not attrs.has(type(metrics)):
     return {}
-  return {f'{prefix}/{k}': float(v) for k, v in attrs.asdict(metrics).items()}
+  return {f'{prefix}/{k}': float(v) for k, v in attrs.asdict(metrics).items()
+          if k != 'times'}
 
 
 def flatten_round_metrics(metrics: round_tff.RoundMetrics,
@@ -47,41 +50,43 @@ def flatten_round_metrics(metrics: round_tff.RoundMetrics,
   return out
 
 
-class ProcessAlgorithm:
-  """Drives an algorithm's process for `round_loop.run`: holds the server
-  state, and keeps the client states in a store between rounds.
+class Driver:
+  """Drives an algorithm's `round_tff.RoundProcess` for `round_loop.run`:
+  holds the server state, keeps the client states in a store between
+  rounds, runs each round through `runner` and evaluates.
 
   Without `sampling` every client takes part in every round and the client
   states are a list in memory, part of `state()` (so of every checkpoint).
   With `sampling.clients_per_round` below the number of clients, each round
-  runs `process.next` on the sampled clients only (their states and
-  datasets; `next` infers the CLIENTS cardinality) and the others' states
-  are left untouched. With `sampling.states_dir`, client states live there,
-  one file per client (`client_store.DiskClientStore`), and at most
+  runs on the sampled clients only (their states and datasets; `next`
+  infers the CLIENTS cardinality) and the others' states are left
+  untouched. With `sampling.states_dir`, client states live there, one file
+  per client (`client_store.DiskClientStore`), and at most
   `clients_per_round` of them are loaded at a time; `state()` then holds the
   server state only, and the store rolls back to the restored round.
+
+  Rounds run through `execution.round_runner.RoundRunner`: with `workers`
+  (`execution.workers.Workers`) the clients of a round are spread over them
+  (the same results as the default context); `on_timing(RoundTiming)` is
+  called after each round (binaries/benchmark.py).
   """
 
   def __init__(self, config: FedCGConfig, num_clients: int,
-               process: tff.templates.IterativeProcess,
-               init_client: tff.Computation,
-               sampling: client_store.ClientSampling | None = None):
+               process: round_tff.RoundProcess,
+               sampling: client_store.ClientSampling | None = None,
+               workers=None, on_timing=None):
     sampling = sampling or client_store.ClientSampling()
     self.config = config
     self.process = process
-    # What runs a round: `process.next`, or a `workers.ShardedRound` that
-    # spreads the clients over several TFF workers (same results).
-    self.next_round = process.next
+    self.runner = round_runner.RoundRunner(process.parts, workers, on_timing)
     self.num_clients = num_clients
     self.clients_per_round = sampling.clients_per_round or num_clients
     if not 1 <= self.clients_per_round <= num_clients:
       raise ValueError(
           f'clients_per_round must be in [1, {num_clients}] (the number of '
           f'clients), got {self.clients_per_round}')
-    state_type = init_client.type_signature.result
-    self._evaluate = round_tff.build_evaluation(config, state_type)
     self.server_state = process.initialize()
-    initialize_clients = round_tff.build_client_state_initializer(init_client)
+    initialize_clients = process.initialize_clients
     seeds = client_seeds(config, num_clients)
     if sampling.states_dir is None:
       self._store = client_store.MemoryClientStore(initialize_clients(seeds))
@@ -127,7 +132,8 @@ class ProcessAlgorithm:
 
     The round's metrics and new states are checked for non-finite values
     before any state is stored (naming the client by its id), so a fault
-    never reaches the store. The metrics are the server's and, per sampled
+    never reaches the store or a checkpoint: the round's one finiteness
+    check (`round_loop.check_finite`). The metrics are the server's and, per sampled
     client, its training metrics; `mean/...` are over the sampled clients.
     """
     # `round_num` rounds are complete: a disk store drops any state written
@@ -136,7 +142,7 @@ class ProcessAlgorithm:
     self._store.discard_after(round_num)
     ids = self.sample_clients(round_num)
     states = self._store.load(ids)
-    server_state, new_states, metrics = self.next_round(
+    server_state, new_states, metrics = self.runner(
         self.server_state, states, [train_data[i] for i in ids])
     del states  # Only the new states stay in memory until stored.
     new_states = list(new_states)
@@ -189,7 +195,7 @@ class ProcessAlgorithm:
     todo = [i for i in range(self.num_clients) if not fresh(i)]
     for start in range(0, len(todo), self.clients_per_round):
       chunk = todo[start:start + self.clients_per_round]
-      results = self._evaluate(self._store.load(chunk),
+      results = self.process.evaluate(self._store.load(chunk),
                                [val_data[i] for i in chunk],
                                [test_data[i] for i in chunk])
       for i, r in zip(chunk, results, strict=True):

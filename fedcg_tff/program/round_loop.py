@@ -134,14 +134,12 @@ def _where(path: str) -> str:
   return path
 
 
-def check_finite(round_num: int, metrics: dict[str, float], state,
-                 packed: dict[str, np.ndarray] | None = None) -> None:
+def check_finite(round_num: int, metrics: dict[str, float], state) -> None:
   """Raises NumericalFault naming round, party and quantity if a metric or
   any value of the algorithm's state (server state, client states) is not
   finite. The client states are a list (client i at index i) or a mapping
-  from client id to state (the clients of a sampled round). `packed`
-  (`checkpoint.pack(state)`, if the caller has it) makes the usual
-  all-finite case one vectorised check per dtype."""
+  from client id to state (the clients of a sampled round). An algorithm's
+  `run_round` calls it once a round, before it stores anything."""
   # Clients train before the server steps: a fault at a client shows up in
   # the server's metrics too, so clients are checked first to name where it
   # started.
@@ -150,9 +148,6 @@ def check_finite(round_num: int, metrics: dict[str, float], state,
   for name, value in sorted(metrics.items(), key=order):
     if not np.isfinite(value):
       raise NumericalFault(f'round {round_num}, {_where(name)} is {value}')
-  if packed is not None and all(
-      np.all(np.isfinite(v)) for v in packed.values() if v.dtype.kind == 'f'):
-    return
   server, clients = state
   clients = (clients.items() if isinstance(clients, Mapping)
              else enumerate(clients))
@@ -226,11 +221,9 @@ def run(algorithm: Algorithm,
     metrics['round_seconds'] = elapsed
     improved = tracker.update(rounds_run, val, test)
     metrics['mean/test_accuracy_at_best_val'] = tracker.mean_test
-    # Before anything of this round is recorded: the last good round stays
-    # the latest checkpoint.
-    state = algorithm.state()
-    packed = checkpoint.pack(state)
-    check_finite(rounds_run, metrics, state, packed)
+    # `run_round` raised NumericalFault before anything of a faulty round
+    # was recorded: the last good round stays the latest checkpoint.
+    packed = checkpoint.pack(algorithm.state())
     since_best = 0 if improved else since_best + 1
     if writer is not None:
       writer.write(rounds_run, metrics)

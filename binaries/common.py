@@ -1,0 +1,142 @@
+"""What the binaries share: flag checks that name the flag, the worker and
+DP flags, loading a task with errors that name the flags to fix, and
+starting `run_fedcg` as a child process.
+
+Flags are defined by the `define_*` functions, called at import by each
+binary that takes them, so a binary gets only the flags it uses. Nothing
+here imports TensorFlow at import time: a binary checks its flags before
+TensorFlow starts.
+"""
+
+import math
+import os
+import subprocess
+import sys
+from typing import Sequence
+
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- Checks ------------------------------------------------------------------
+
+
+def at_least(minimum: int, *names: str) -> None:
+  """Refuses any flag of `names` set below `minimum` (None is not set)."""
+  for name in names:
+    value = FLAGS[name].value
+    if value is not None and value < minimum:
+      raise app.UsageError(f'--{name} must be >= {minimum}, got {value}')
+
+
+def finite(name: str, low: float = 0.0, strict: bool = False) -> None:
+  """Refuses a non-finite flag value, or one below (or at, `strict`)
+  `low`."""
+  value = FLAGS[name].value
+  if not math.isfinite(value) or value < low or (strict and value == low):
+    relation = '>' if strict else '>='
+    raise app.UsageError(
+        f'--{name} must be finite and {relation} {low:g}, got {value}')
+
+
+def seed(name: str = 'seed') -> None:
+  value = FLAGS[name].value
+  if not 0 <= value <= 2**31 - 1:
+    raise app.UsageError(f'--{name} must be in [0, 2147483647], got {value}')
+
+
+# --- Differential privacy ------------------------------------------------------
+
+
+def define_dp_flags() -> None:
+  """--dp_clip and --dp_delta (each binary defines its own --dp_sigma)."""
+  flags.DEFINE_float(
+      'dp_clip', 10.0,
+      'L2 norm each client record (a round\'s update in training, the '
+      'shared gradient in the attack) is clipped to before its noise. The '
+      'default is above the norms measured on FMNIST (gradients of round 1 '
+      'about 5, one-epoch updates 1.5-4.5), so it does not bind there; it '
+      'sets the noise multiplier dp_sigma / dp_clip that epsilon is '
+      'computed for.')
+  flags.DEFINE_float('dp_delta', 1e-5,
+                     'Delta of the (epsilon, delta) reported with DP.')
+
+
+def check_dp_flags() -> None:
+  finite('dp_clip', 0.0, strict=True)
+  if not 0 < FLAGS.dp_delta < 1:
+    raise app.UsageError(f'--dp_delta must be in (0, 1), got {FLAGS.dp_delta}')
+
+
+# --- Workers -----------------------------------------------------------------
+
+
+def define_worker_flags() -> None:
+  flags.DEFINE_integer('workers', 1,
+                       'Local TFF worker processes the clients of a round are '
+                       'spread over (same results as one).')
+  flags.DEFINE_list('worker_addresses', [],
+                    'host:port of TFF workers started with binaries/run_worker '
+                    '(on this or other machines) to spread the clients over, '
+                    'instead of local ones.')
+  flags.DEFINE_integer('max_concurrent_clients', None,
+                       'Client computations a worker runs at once (default: '
+                       'its share of the CPU cores; non-positive: all).')
+
+
+def check_worker_flags() -> None:
+  at_least(1, 'workers')
+  if FLAGS.worker_addresses and FLAGS.workers != 1:
+    raise app.UsageError('--workers starts local workers; with '
+                         '--worker_addresses the workers are given: use one')
+  for address in FLAGS.worker_addresses:
+    host, _, port = address.rpartition(':')
+    if not host or not port.isdigit():
+      raise app.UsageError(
+          f'--worker_addresses: {address!r} is not host:port')
+
+
+def worker_pool():
+  """The --workers / --worker_addresses workers (None: the default context
+  alone); remote ones are reached now, so that an unreachable address stops
+  the binary before it writes anything."""
+  if FLAGS.workers == 1 and not FLAGS.worker_addresses:
+    return None
+  from fedcg_tff.execution import workers  # pylint: disable=g-import-not-at-top
+  if not FLAGS.worker_addresses:
+    return workers.Workers.local(FLAGS.workers, FLAGS.max_concurrent_clients)
+  try:
+    return workers.Workers.remote(FLAGS.worker_addresses)
+  except ConnectionError as e:
+    raise app.UsageError(f'--worker_addresses: {e}') from None
+
+
+# --- Tasks -------------------------------------------------------------------
+
+
+def load_task(task: str, options):
+  """`tasks.registry.build(task, options)`; a missing or malformed data set
+  stops the binary with a message naming the flags that point at it."""
+  from tasks import registry  # pylint: disable=g-import-not-at-top
+  try:
+    return registry.build(task, options)
+  except (FileNotFoundError, ValueError) as e:
+    raise app.UsageError(
+        f'--task={task} (--data_dir / --data_source / split flags): '
+        f'{e}') from None
+
+
+# --- Child runs --------------------------------------------------------------
+
+
+def run_fedcg(args: Sequence[str]) -> int:
+  """Runs `python -m binaries.run_fedcg *args` in this interpreter, in this
+  working directory (relative paths in `args` mean what they mean here),
+  with the repository importable; returns its exit code."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
+  return subprocess.call([sys.executable, '-m', 'binaries.run_fedcg',
+                          *args], env=env)
