@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Runs the test suite in .venv (made by setup.sh), then fails if any TFF
-# worker_binary outlived it: a leftover worker holds output pipes open.
+# Runs the test suite in .venv (set up first by setup.sh if anything is
+# missing), then fails if any TFF worker_binary outlived it: a leftover
+# worker holds output pipes open.
 set -uo pipefail
 cd "$(dirname "$0")"
+./setup.sh --if-needed || exit 1
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
-.venv/bin/python -m pytest -p no:cacheprovider -q tests "$@"
+# Workers already running (another job's) are not the suite's.
+before=" $(pgrep -f 'data/worker_binary' | tr '\n' ' ') "
+# Two test processes, one per core of this machine kind (pytest-xdist).
+.venv/bin/python -m pytest -p no:cacheprovider -q -n "${FEDCG_TEST_PROCESSES:-2}" tests "$@"
 status=$?
-if pgrep -f 'data/worker_binary' >/dev/null; then
+left=""
+for pid in $(pgrep -f 'data/worker_binary'); do
+  case "$before" in *" $pid "*) ;; *) left="$left $pid";; esac
+done
+if [ -n "$left" ]; then
   echo "run_tests.sh: worker_binary processes outlived the tests:" >&2
-  pgrep -af 'data/worker_binary' >&2
+  ps -o pid,args -p "$(echo $left | tr " " ",")" >&2
   status=1
 fi
 exit $status

@@ -5,6 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# --if-needed: do nothing when .venv already holds this requirements.txt
+# (run_tests.sh and train_fmnist.sh call it so; a plain run reinstalls).
+MARKER=.venv/.installed-requirements
+if [ "${1:-}" = "--if-needed" ] && [ -f "$MARKER" ] && \
+   cmp -s "$MARKER" requirements.txt; then
+  exit 0
+fi
+
 PYTHON=${PYTHON:-python3.11}
 if ! command -v "$PYTHON" >/dev/null; then
   echo "setup.sh: $PYTHON not found; TFF 0.87 needs Python 3.9-3.11 (set PYTHON=...)" >&2
@@ -31,4 +39,5 @@ fi
 # Every package is pinned in requirements.txt, so no resolver runs (see its
 # header for why TFF cannot be installed with its own declared requirements).
 .venv/bin/python -m pip install -q --no-deps -r requirements.txt
-.venv/bin/python -c "from fedcg_tff import runtime; import tensorflow_federated as tff; import matplotlib; print('setup.sh: TFF', tff.__version__, 'ready in .venv')"
+.venv/bin/python -c "from fedcg_tff.execution import runtime; import tensorflow_federated as tff; import matplotlib; import xdist; print('setup.sh: TFF', tff.__version__, 'ready in .venv')"
+cp requirements.txt "$MARKER"
