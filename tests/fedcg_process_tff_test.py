@@ -134,6 +134,22 @@ def test_first_round_equals_locals_under_shared_init(process):
     assert _equal(ours.classifier, local.classifier)
 
 
+def test_rounds_are_reproducible_bit_for_bit(process):
+  """Two drivers of the same process and seed give the same states after
+  two rounds: every random draw is keyed (seed, stream, round, step), none
+  comes from TF's global random state. (The pass-order race of
+  training_tf.PASS_ORDER_NOTE showed between processes only; the binary's
+  resume test compares runs across processes.)"""
+  runs = [driver.Driver(TINY, 2, process) for _ in range(2)]
+  for run in runs:
+    for r in range(2):
+      run.run_round(r, [_client_data(16, 3 + r), _client_data(24, 4)])
+  a, b = (tf.nest.flatten(run.state()) for run in runs)
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x, y)
+
+
 def test_teacher_by_federated_mean_equals_direct_ensemble(process,
                                                            init_clients):
   upload_type = process.parts.clients_step.type_signature.result.member.upload
