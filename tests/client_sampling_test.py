@@ -412,6 +412,56 @@ def test_crash_mid_round_resumes_from_the_previous_round(process, tmp_path):
     np.testing.assert_array_equal(result.tracker.as_arrays()[key], value)
 
 
+def _corrupt(path):
+  """Overwrites bytes in the middle of a file, as a bad disk would."""
+  size = os.path.getsize(path)
+  with open(path, 'r+b') as f:
+    f.seek(size // 2)
+    f.write(bytes(range(256)) * max(1, min(64, size // 512)))
+
+
+@pytest.mark.parametrize('damaged', ['checkpoint', 'client_file'])
+def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
+                                                  damaged):
+  """The newest checkpoint's variables, or a client's newest state file, is
+  damaged after the run stopped: the rerun names the file and round, sets
+  it aside (nothing deleted), resumes from the round before and ends equal
+  to an uninterrupted run."""
+  num_clients, per_round = 6, 3 if damaged == 'client_file' else None
+  val, test = _eval_data(num_clients)
+  train = lambda r: _train_data(r, num_clients=num_clients)
+
+  def run(directory, rounds, log=lambda _: None):
+    states = str(directory / 'states') if per_round else None
+    driver = _driver(process, states, per_round, num_clients)
+    result = round_loop.run(
+        driver, train, val, test, max_rounds=rounds, patience=9, log=log,
+        checkpoints=checkpoint.Checkpoints(str(directory / 'ckpt')))
+    return driver, result
+
+  whole, whole_result = run(tmp_path / 'whole', 3)
+  broken, _ = run(tmp_path / 'broken', 3)
+  if damaged == 'checkpoint':
+    bad = tmp_path / 'broken' / 'ckpt' / 'round_3'
+    _corrupt(bad / 'variables' / 'variables.data-00000-of-00001')
+  else:
+    client = broken.sample_clients(2)[0]
+    bad = tmp_path / 'broken' / 'states' / f'client_{client:05d}.r000003.npz'
+    _corrupt(bad)
+  lines = []
+  resumed, result = run(tmp_path / 'broken', 3, lines.append)
+  said = '\n'.join(lines)
+  assert 'the saved state of round 3 (' in said and ') is damaged' in said
+  assert str(bad) in said and 'resuming after round 2' in said, said
+  assert os.path.exists(bad.parent / f'damaged_{bad.name}') or os.path.exists(
+      tmp_path / 'broken' / 'ckpt' / 'damaged_round_3')
+  assert result.resumed_from == 2 and result.rounds_run == 3
+  assert _bytes(resumed.state()) == _bytes(whole.state())
+  assert resumed.evaluate(val, test) == whole.evaluate(val, test)
+  for key, value in whole_result.tracker.as_arrays().items():
+    np.testing.assert_array_equal(result.tracker.as_arrays()[key], value)
+
+
 # ---------------------------------------------------------------------------
 # The binary.
 

@@ -9,15 +9,40 @@ slow; so leaves are packed here into one flat vector per dtype and unpacked
 against a template of the same structure (the freshly initialised state).
 
 The manager writes each version to a temporary directory and renames it, so
-a crash while saving leaves the previous round's state intact.
+a crash while saving leaves the previous round's state intact. A version
+damaged later (a bad disk, a truncated copy) is detected when a run resumes
+(`Checkpoints.resume`): its directory is set aside as `damaged_round_<n>`,
+the message names it, and the run resumes from the newest intact version.
 """
 
 import asyncio
-from typing import Any
+import os
+import time
+import zipfile
+from typing import Any, Callable
+
+from google.protobuf import message as protobuf_message
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+
+class DamagedState(Exception):
+  """Saved state that cannot be read back (the message names the file)."""
+
+
+# What reading a damaged file raises: TF's checksum and format errors
+# (DataLossError and the other OpErrors), a broken protobuf or zip, short
+# or garbled arrays.
+READ_ERRORS = (tf.errors.OpError, protobuf_message.DecodeError, ValueError,
+               OSError, KeyError, EOFError, zipfile.BadZipFile, DamagedState)
+
+
+def describe_error(error: BaseException) -> str:
+  """'DataLossError: <its first line>' for a message."""
+  text = str(error).strip().splitlines()
+  return f'{type(error).__name__}: {text[0] if text else ""}'.rstrip(': ')
 
 
 def pack(structure: Any) -> dict[str, np.ndarray]:
@@ -69,14 +94,46 @@ class Checkpoints:
   def save(self, rounds_done: int, state: dict[str, Any]) -> None:
     asyncio.run(self._manager.save(state, rounds_done))
 
-  def load_latest(self, template: dict[str, Any]
-                  ) -> tuple[dict[str, Any] | None, int]:
-    """(state, completed rounds) of the latest save, or (None, 0).
+  def path(self, rounds_done: int) -> str:
+    return os.path.join(self.directory, f'round_{rounds_done}')
 
-    `template` has the saved state's structure (any values)."""
-    versions = asyncio.run(self._manager.get_versions())
-    if not versions:
-      return None, 0
-    version = max(versions)
-    state = asyncio.run(self._manager.load(version, template))
-    return tf.nest.map_structure(np.asarray, state), version
+  def resume(self, template: dict[str, Any],
+             restore: Callable[[int, dict[str, Any]], None],
+             log: Callable[[str], None] = print) -> int:
+    """Restores the newest intact save; returns its completed rounds (0:
+    nothing to resume).
+
+    `template` has the saved state's structure (any values); `restore(
+    rounds_done, state)` applies a loaded state and raises `DamagedState`
+    (or a read error) if what it needs beside the checkpoint, such as
+    client-state files, is damaged for that round. A save that cannot be
+    read or restored is set aside as `damaged_round_<n>` (nothing is
+    deleted), named in a message, and the next older one is tried; if none
+    is intact the run starts over, saying so.
+    """
+    versions = asyncio.run(self._manager.get_versions()) or []
+    for version in sorted(versions, reverse=True):
+      try:
+        state = asyncio.run(self._manager.load(version, template))
+        state = tf.nest.map_structure(np.asarray, state)
+        restore(version, state)
+        return version
+      except READ_ERRORS as e:
+        aside = self._set_aside(version)
+        older = [v for v in versions if v < version]
+        then = (f'trying the save of round {max(older)}' if older else
+                'no older save is kept')
+        log(f'the saved state of round {version} ({self.path(version)}) is '
+            f'damaged ({describe_error(e)}); set aside as {aside}; {then}')
+    if versions:
+      log('no intact saved state: the run starts over from round 1')
+    return 0
+
+  def _set_aside(self, version: int) -> str:
+    """Renames a damaged save out of the manager's view; returns the new
+    path (`damaged_round_<n>`, with a timestamp if that exists)."""
+    aside = os.path.join(self.directory, f'damaged_round_{version}')
+    if os.path.exists(aside):
+      aside += f'.{int(time.time())}'
+    os.replace(self.path(version), aside)
+    return aside

@@ -169,8 +169,12 @@ class Driver:
     self._accuracy.clear()
     if self.states_on_disk:
       # The server state counts completed rounds; client files of later
-      # rounds belong to a round whose checkpoint was never saved.
-      self._store.discard_after(int(self.server_state.round_num))
+      # rounds belong to a round whose checkpoint was never saved. Then
+      # every client's state for this round must read back (else
+      # checkpoint.DamagedState, and an older checkpoint is tried).
+      rounds_done = int(self.server_state.round_num)
+      self._store.discard_after(rounds_done)
+      self._store.check()
     else:
       self._store.restore_all(list(client_states))
 

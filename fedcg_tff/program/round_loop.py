@@ -181,7 +181,8 @@ def run(algorithm: Algorithm,
   """Runs up to `max_rounds` rounds with early stopping after `patience`.
 
   With `checkpoints`, each completed round's state is saved there, and a
-  run that finds saved rounds continues after the latest one.
+  run that finds saved rounds continues after the newest intact one
+  (`checkpoint.Checkpoints.resume`: a damaged save is set aside, named).
   """
   num_clients = len(val_data)
   tracker = BestTracker(num_clients)
@@ -189,12 +190,17 @@ def run(algorithm: Algorithm,
   round_seconds = []
   rounds_run = 0
   if checkpoints is not None:
-    template = {'algorithm': checkpoint.pack(algorithm.state()),
+    fresh = algorithm.state()
+    template = {'algorithm': checkpoint.pack(fresh),
                 'loop': _loop_state(tracker, since_best, round_seconds)}
-    saved, rounds_run = checkpoints.load_latest(template)
-    if saved is not None:
-      algorithm.restore(checkpoint.unpack(saved['algorithm'],
-                                          algorithm.state()))
+    saved = {}
+
+    def restore(rounds_done, state):
+      algorithm.restore(checkpoint.unpack(state['algorithm'], fresh))
+      saved.update(state)
+
+    rounds_run = checkpoints.resume(template, restore, log)
+    if rounds_run:
       tracker.load_arrays(saved['loop'])
       since_best = int(saved['loop']['since_best'])
       round_seconds = [float(v) for v in saved['loop']['round_seconds'][:-1]]
