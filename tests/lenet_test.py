@@ -179,5 +179,81 @@ def test_weight_values_roundtrip():
     model_weights.assign(c, values[:2])
 
 
+def _two_discriminators(build, seed=3):
+  """Two copies of a discriminator with the same random weights (BN scales,
+  offsets and moving statistics perturbed so each matters)."""
+  rng = np.random.default_rng(seed)
+  first, second = build(), build()
+  first.set_weights([
+      w.numpy() + (rng.uniform(0.1, 0.5, size=w.shape)
+                   if 'moving_variance' in w.name else
+                   0.1 * rng.normal(size=w.shape)).astype(np.float32)
+      for w in first.weights])
+  second.set_weights(first.get_weights())
+  return first, second
+
+
+def _paired_against_two_calls(build, feature_shape, batch, in_graph):
+  """D's two passes stacked (`layers.paired_passes`) against two calls:
+  outputs, loss gradients, BN moving statistics and spectral-norm vectors."""
+  paired_d, separate_d = _two_discriminators(build)
+  rng = np.random.default_rng(4)
+  real = tf.constant(rng.uniform(size=(batch, *feature_shape)), tf.float32)
+  fake = tf.constant(rng.uniform(size=(batch, *feature_shape)), tf.float32)
+  y = tf.constant(rng.integers(0, 10, batch), tf.int32)
+
+  def run(d, paired):
+    with tf.GradientTape() as tape:
+      if paired:
+        with layers.paired_passes():
+          both = d([tf.concat([real, fake], 0), tf.concat([y, y], 0)],
+                   training=True)
+        a, b = tf.split(both, 2)
+      else:
+        a = d([real, y], training=True)
+        b = d([fake, y], training=True)
+      loss = tf.reduce_sum(tf.nn.softplus(-a)) + tf.reduce_sum(
+          tf.nn.softplus(b))
+    return a, b, [tf.convert_to_tensor(g) for g in
+                  tape.gradient(loss, d.trainable_variables)]
+
+  if in_graph:
+    run = tf.function(run)
+  got = run(paired_d, True)
+  want = run(separate_d, False)
+  for x, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
+    np.testing.assert_allclose(x.numpy(), w.numpy(), rtol=2e-4, atol=2e-5)
+  for x, w in zip(paired_d.weights, separate_d.weights):
+    if not x.trainable:  # Moving statistics and spectral-norm u.
+      np.testing.assert_allclose(x.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('in_graph', [False, True])
+def test_paired_discriminator_passes_equal_two_calls(in_graph):
+  _paired_against_two_calls(lenet.build_discriminator, lenet.FEATURE_SHAPE,
+                            8, in_graph)
+
+
+def test_paired_passes_change_nothing_outside_training_or_the_context():
+  d = lenet.build_discriminator()
+  x = tf.random.uniform([4, *lenet.FEATURE_SHAPE])
+  y = tf.constant([1, 2, 3, 4])
+  before = [w.numpy() for w in d.weights]
+  with layers.paired_passes():
+    inference = d([x, y], training=False)
+  np.testing.assert_allclose(inference.numpy(),
+                             d([x, y], training=False).numpy(), rtol=1e-6)
+  for w, b in zip(d.weights, before):  # Inference updates nothing.
+    np.testing.assert_array_equal(w.numpy(), b)
+  # A stacked training call without the context is one pass over 2B: other
+  # statistics, other values than the paired call (the pairing matters).
+  paired_d, plain_d = _two_discriminators(lenet.build_discriminator)
+  both = [tf.concat([x, 1 - x], 0), tf.concat([y, y], 0)]
+  with layers.paired_passes():
+    paired = paired_d(both, training=True)
+  assert not np.allclose(paired.numpy(), plain_d(both, training=True).numpy(),
+                         atol=1e-4)
+
+
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))

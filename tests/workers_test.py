@@ -20,10 +20,10 @@ from fedcg_tff.program import driver
 
 TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
                    server_epochs=1, server_steps_per_epoch=3)
-NUM_CLIENTS = 5  # Uneven shards on two workers: 2 + 3 (or 3 + 2).
+NUM_CLIENTS = 3  # Uneven shards on two workers: 1 + 2 (or 2 + 1).
 
 
-def _data(seed, n=24):
+def _data(seed, n=16):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(n, 32, 32, 1)).astype(np.float32)
   y = rng.integers(0, 10, n).astype(np.int32)

@@ -17,6 +17,7 @@ import tensorflow as tf
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.algorithms.training_tf import PartyNetworks
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.models import layers
 from fedcg_tff.models import model_weights
 
 # The networks of the server's step and state: the shared G_g and C_g.
@@ -191,6 +192,25 @@ def train_classification(nets: PartyNetworks, optimizer_state, dataset, gamma,
       extra_weight=gamma)
 
 
+# Whether D's real and fake passes run as one stacked call
+# (`layers.paired_passes`: the same function, one product per convolution
+# over both passes); False only to compare the two (tests, benchmarks).
+PAIRED_D_PASSES = True
+
+
+def discriminate(discriminator, real, fake, labels):
+  """D(real, y) then D(fake, y), both in training mode, as two passes: the
+  per-pass batch-norm statistics, moving averages and spectral-norm power
+  iterations of two calls in that order."""
+  if not PAIRED_D_PASSES:
+    return (discriminator([real, labels], training=True),
+            discriminator([fake, labels], training=True))
+  with layers.paired_passes():
+    both = discriminator([tf.concat([real, fake], 0),
+                          tf.concat([labels, labels], 0)], training=True)
+  return tf.split(both, 2)
+
+
 def train_gan(nets: PartyNetworks, d_optimizer_state, g_optimizer_state, dataset,
               seed, round_num):
   """Stage 2: `gan_epochs` passes of alternating D and G steps (BCE).
@@ -221,8 +241,8 @@ def train_gan(nets: PartyNetworks, d_optimizer_state, g_optimizer_state, dataset
       with tf.GradientTape() as g_tape:
         fake = nets.generator([z, y], training=True)
       with tf.GradientTape() as d_tape:
-        d_real = nets.discriminator([real, y], training=True)
-        d_fake = nets.discriminator([tf.stop_gradient(fake), y], training=True)
+        d_real, d_fake = discriminate(nets.discriminator, real,
+                                      tf.stop_gradient(fake), y)
         d_loss = (_bce(tf.ones_like(d_real), d_real) +
                   _bce(tf.zeros_like(d_fake), d_fake))
       d_carry = d_optimizer.step(d_carry, d_tape.gradient(d_loss, d_vars))

@@ -13,17 +13,47 @@ ResNet-18 families alike).
 * Batch norm with PyTorch's momentum and epsilon.
 """
 
+import contextlib
+import threading
+
 import tensorflow as tf
 
 from fedcg_tff.models import small_conv
 
+_PAIRING = threading.local()
+
+
+@contextlib.contextmanager
+def paired_passes():
+  """Within, a network built of these layers, called in training mode, takes
+  two passes stacked on the batch axis (first half, then second half) and
+  computes exactly what two training-mode calls in that order compute:
+  batch norm normalises each half with its own statistics and updates its
+  moving averages with the first half and then the second, and each
+  spectral-norm convolution runs its power iteration once per half (the
+  first half's sigma, then the second's). What it saves is work: every
+  convolution is one product over both halves (twice the rows, half the
+  calls), which is where a GAN step's time goes at batch 8.
+
+  The discriminator's real and fake passes of FedCG's stage 2 use it
+  (`fedcg_tf.train_gan`); the spec's "D sees real and fake batches in
+  separate passes" holds: the statistics are per pass. Only trace-time
+  Python state: the traced graph holds the split computation.
+  """
+  previous = getattr(_PAIRING, 'on', False)
+  _PAIRING.on = True
+  try:
+    yield
+  finally:
+    _PAIRING.on = previous
+
+
+def _paired(training) -> bool:
+  return bool(training) and getattr(_PAIRING, 'on', False)
+
 
 LEAKY_SLOPE = 0.2
-
-
 BN_MOMENTUM = 0.9  # PyTorch's momentum 0.1 in Keras' convention.
-
-
 BN_EPSILON = 1e-5  # PyTorch's default.
 
 
@@ -31,8 +61,20 @@ def gan_kernel_init():
   return tf.keras.initializers.RandomNormal(0.0, 0.02)
 
 
+class PairedBatchNormalization(tf.keras.layers.BatchNormalization):
+  """Keras' batch norm; under `paired_passes` in training mode, one call
+  per half of the batch, in order (see there)."""
+
+  def call(self, inputs, training=None):
+    if not _paired(training):
+      return super().call(inputs, training=training)
+    first, second = tf.split(inputs, 2)
+    first = super().call(first, training=training)
+    return tf.concat([first, super().call(second, training=training)], 0)
+
+
 def gan_batch_norm():
-  return tf.keras.layers.BatchNormalization(
+  return PairedBatchNormalization(
       momentum=BN_MOMENTUM,
       epsilon=BN_EPSILON,
       gamma_initializer=tf.keras.initializers.RandomNormal(1.0, 0.02),
@@ -134,11 +176,17 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
     # conv(x, W / sigma) == conv(x, W) / sigma: dividing the small output
     # instead of the kernel (up to 512k weights) saves a kernel-sized division
     # forwards and several kernel-sized ops in the gradient.
-    sigma = self.spectral_norm(training=bool(training))
     if small_conv.applies(self, inputs):
-      outputs = small_conv.conv2d(inputs, self.kernel) / sigma
+      outputs = small_conv.conv2d(inputs, self.kernel)
     else:
-      outputs = self.convolution_op(inputs, self.kernel) / sigma
+      outputs = self.convolution_op(inputs, self.kernel)
+    if _paired(training):  # One power iteration per pass: see paired_passes.
+      first, second = tf.split(outputs, 2)
+      first = first / self.spectral_norm(training=True)
+      outputs = tf.concat([first, second / self.spectral_norm(training=True)],
+                          0)
+    else:
+      outputs = outputs / self.spectral_norm(training=bool(training))
     return _bias_and_activation(self, outputs)
 
   def get_config(self):

@@ -1,0 +1,76 @@
+r"""CPU seconds of one client's stage-1 and stage-2 epoch (2000 images,
+batch 8, one thread, as a TFF worker runs a client), for the variants a
+speed change chooses between, timed interleaved (this VM's speed drifts).
+
+  .venv/bin/python -m benchmarks.stage_epoch_benchmark
+  TF_ENABLE_ONEDNN_OPTS=0 .venv/bin/python -m benchmarks.stage_epoch_benchmark
+
+Variants: D's real and fake passes paired into one stacked call
+(`layers.paired_passes`, the default) or as two calls. The host's CPU model
+is printed with the figures. Random images stand in for FMNIST: the cost
+does not depend on pixel values.
+"""
+
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from fedcg_tff.algorithms import fedcg_tf
+from fedcg_tff.config import FedCGConfig
+
+REPEATS = 5
+
+
+def host_cpu() -> str:
+  with open('/proc/cpuinfo') as f:
+    for line in f:
+      if line.startswith('model name'):
+        return line.split(':', 1)[1].strip()
+  return 'unknown CPU'
+
+
+def main():
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_inter_op_parallelism_threads(1)
+  config = FedCGConfig(local_epochs=1, gan_epochs=1)
+  rng = np.random.default_rng(0)
+  dataset = tf.data.Dataset.from_tensor_slices((
+      rng.normal(size=(2000, 32, 32, 1)).astype(np.float32),
+      rng.integers(0, 10, 2000).astype(np.int32))).batch(
+          config.batch_size).cache()
+  epochs = {}
+  for paired in (True, False):
+    fedcg_tf.PAIRED_D_PASSES = paired  # Read when the loop is traced.
+    nets = fedcg_tf.PartyNetworks(config)
+    state = fedcg_tf.initial_client_state(config, 1)
+    epochs[f'stage 2, {"paired" if paired else "two"} D passes'] = (
+        tf.function(lambda nets=nets, state=state: fedcg_tf.train_gan(
+            nets, state.discriminator_optimizer, state.generator_optimizer,
+            dataset, state.seed, 0)))
+    list(epochs.values())[-1]()  # Trace.
+  fedcg_tf.PAIRED_D_PASSES = True
+  nets = fedcg_tf.PartyNetworks(config)
+  state = fedcg_tf.initial_client_state(config, 1)
+  epochs['stage 1'] = tf.function(lambda: fedcg_tf.train_classification(
+      nets, state.classification_optimizer, dataset, tf.constant(0.5),
+      state.seed, 0))
+  epochs['stage 1']()
+  times = {name: [] for name in epochs}
+  for _ in range(REPEATS):
+    for name, epoch in epochs.items():
+      start = time.process_time()
+      epoch()
+      times[name].append(time.process_time() - start)
+  onednn = os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(default)')
+  print(f'{host_cpu()}; TF_ENABLE_ONEDNN_OPTS={onednn}; one epoch of one '
+        f'client, 2000 images, batch 8, one thread; median of {REPEATS} '
+        'interleaved runs, CPU seconds:')
+  for name, values in times.items():
+    print(f'  {name:30s} {np.median(values):6.2f} s  '
+          f'(range {min(values):.2f}-{max(values):.2f})')
+
+
+if __name__ == '__main__':
+  main()
