@@ -14,9 +14,12 @@ rerunning the same command after an interruption continues the sweep, and
 a changed --run_flags cannot mix old results into the table. Then
 `results.md` and `results.csv` (mean ± std over seeds of the mean over
 clients of the test accuracy at each client's best-validation round), one
-`gain_<task>.png` per task (per-client gain over Local, like the paper's
+`curves_<task>.png` per task (mean validation and test accuracy against
+round, averaged over seeds), one `gain_<task>.png` per task (per-client gain over Local, like the paper's
 Figure 5; needs `local` in --algorithms) and the same charts as TensorBoard
-images in `<output_dir>/tensorboard` are written.
+images in `<output_dir>/tensorboard` are written. `--report_only` writes
+only these, from the runs' results.json and metrics.csv (no checkpoint
+needed: a report can be remade from committed results).
 """
 
 import os
@@ -36,6 +39,9 @@ flags.DEFINE_string('run_flags', '', 'Further flags for every run, e.g. '
                     '"--rounds=10 --local_epochs=1 --data_dir=..."')
 flags.DEFINE_string('output_dir', None, 'Directory of the sweep.')
 flags.mark_flag_as_required('output_dir')
+flags.DEFINE_bool('report_only', False, 'Run nothing: write the reports '
+                  'from the runs already in --output_dir (their results.json '
+                  'and metrics.csv suffice, e.g. committed results).')
 FLAGS = flags.FLAGS
 
 _OWNED = ('algorithm', 'task', 'seed', 'output_dir')
@@ -73,6 +79,9 @@ def main(argv):
   seeds, extra = _check_flags()
   runs = [(t, a, s) for t in FLAGS.tasks for a in FLAGS.algorithms
           for s in seeds]
+  if FLAGS.report_only:
+    write_reports(runs)
+    return
   failed = []
   started = time.monotonic()
   for n, (task, algorithm, seed) in enumerate(runs, 1):
@@ -100,6 +109,7 @@ def write_reports(runs) -> None:
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import run_files  # pylint: disable=g-import-not-at-top
 
   results = []
   for task, algorithm, seed in runs:
@@ -113,15 +123,27 @@ def write_reports(runs) -> None:
   markdown = report.markdown(rows)
   for name, text in (('results.md', markdown),
                      ('results.csv', report.csv_text(rows))):
-    path = os.path.join(os.path.abspath(FLAGS.output_dir), name)
-    with open(f'{path}.tmp', 'w') as f:
-      f.write(text)
-    os.replace(f'{path}.tmp', path)
+    run_files.write_text_atomically(
+        os.path.join(os.path.abspath(FLAGS.output_dir), name), text)
   print('\nTest accuracy (%) at best validation, mean ± std over seeds '
         '(seeds):\n' + markdown)
   writer = tf.summary.create_file_writer(
       os.path.join(FLAGS.output_dir, 'tensorboard'))
   for task in FLAGS.tasks:
+    curves = {}
+    for algorithm in FLAGS.algorithms:
+      of_runs = [report.load_curves(os.path.join(run_dir(t, a, s),
+                                                 'metrics.csv'))
+                 for t, a, s in runs if t == task and a == algorithm and
+                 os.path.exists(os.path.join(run_dir(t, a, s), 'metrics.csv'))]
+      if of_runs:
+        curves[algorithm] = report.mean_curves(of_runs)
+    if curves:
+      path = os.path.join(FLAGS.output_dir, f'curves_{task}.png')
+      pixels = report.curve_chart(curves, task, path)
+      with writer.as_default():
+        tf.summary.image(f'accuracy_curves/{task}', pixels[None], step=0)
+      print(f'chart: {path}')
     gains = report.gains_over_local(results, task)
     if not gains:
       continue

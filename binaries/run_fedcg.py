@@ -28,7 +28,7 @@ from binaries import common
 
 from fedcg_tff.config import CLIENT_INITS, CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
 from fedcg_tff.execution import runtime  # Before TFF starts a worker: clean shutdown.
-from fedcg_tff.names import ALGORITHMS, DP_ALGORITHMS, TASKS
+from fedcg_tff.names import ALGORITHMS, DP_ALGORITHMS, SECURE_ALGORITHMS, TASKS
 
 _DEFAULTS = FedCGConfig()
 
@@ -292,22 +292,54 @@ def client_sampling_definition() -> dict:
 # --- End of client sampling -------------------------------------------------
 
 
-# --- Differential privacy: the paper's "FedAvg DP sigma" (privacy/dp.py) ------
+# --- Private aggregation: DP (privacy/dp.py), secure sum ---------------------
 flags.DEFINE_float('dp_sigma', 0.0,
-                   'Gaussian noise std added on each client to its round '
-                   'update (every coordinate, after clipping to --dp_clip), '
+                   'Gaussian noise std added on each client to what it '
+                   'uploads (every coordinate, after clipping to --dp_clip), '
                    'through TF Privacy\'s GaussianSumQuery in a TFF '
-                   'DifferentiallyPrivateFactory; 0: off. Only '
-                   'fedavg, fedprox and fedsplit, whose clients then upload '
-                   'updates instead of weights and are averaged uniformly.')
+                   'DifferentiallyPrivateFactory; 0: off. fedavg, fedprox '
+                   'and fedsplit upload their round update; fedcg its '
+                   'updates of G and C and its teacher logits, each part '
+                   'clipped on its own (DP-FedCG). Uploads are then averaged '
+                   'uniformly.')
+flags.DEFINE_float('dp_teacher_clip', None,
+                   'DP-FedCG: L2 norm the teacher logits are clipped to '
+                   '(default: --dp_clip). The logits of 16000 distillation '
+                   'inputs have norms in the thousands: a clip of 10 scales '
+                   'them down a hundredfold.')
 common.define_dp_flags()
+flags.DEFINE_enum('aggregation', 'plain', ['plain', 'secure'],
+                  'secure: the weighted mean through TFF\'s secure sum '
+                  '(privacy/secure_aggregation.py): the server sees only '
+                  'the sum of the uploads. fedavg, fedprox, fedsplit and '
+                  'fedcg (FedDF and FedGen gather single models).')
+flags.DEFINE_float('secure_bound', 2.0**17,
+                   'With --aggregation=secure: every n_i-weighted uploaded '
+                   'number is clipped to [-bound, bound] and quantised to 32 '
+                   'bits before the secure sum (clipped counts are recorded '
+                   'as aggregator/... metrics).')
 
 
 def _check_dp_flags():
   common.finite('dp_sigma')
   common.check_dp_flags()
+  if FLAGS.dp_teacher_clip is not None:
+    common.finite('dp_teacher_clip', 0.0, strict=True)
+  if FLAGS.aggregation == 'secure':
+    common.finite('secure_bound', 0.0, strict=True)
+    if FLAGS.algorithm not in SECURE_ALGORITHMS:
+      raise app.UsageError(
+          f'--aggregation=secure applies to --algorithm in '
+          f'{SECURE_ALGORITHMS} (whose server needs only a sum), not '
+          f'--algorithm={FLAGS.algorithm}')
+    if FLAGS.dp_sigma:
+      raise app.UsageError('--aggregation=secure and --dp_sigma: choose one '
+                           '(the DP aggregator does its own sum)')
+  elif FLAGS['secure_bound'].present:
+    raise app.UsageError('--secure_bound is only used with '
+                         '--aggregation=secure')
   if not FLAGS.dp_sigma:
-    for name in ('dp_clip', 'dp_delta'):
+    for name in ('dp_clip', 'dp_delta', 'dp_teacher_clip'):
       if FLAGS[name].present:
         raise app.UsageError(f'--{name} is only used with --dp_sigma > 0')
     return
@@ -315,35 +347,70 @@ def _check_dp_flags():
     raise app.UsageError(
         f'--dp_sigma applies to --algorithm in {DP_ALGORITHMS}, not '
         f'--algorithm={FLAGS.algorithm}')
+  if FLAGS.dp_teacher_clip is not None and FLAGS.algorithm != 'fedcg':
+    raise app.UsageError('--dp_teacher_clip is only used by --algorithm=fedcg')
+
+
+def _teacher_clip():
+  return (FLAGS.dp_clip if FLAGS.dp_teacher_clip is None
+          else FLAGS.dp_teacher_clip)
 
 
 def dp_definition() -> dict:
-  """The DP flags for run.json, only when DP is on (so other runs keep the
-  run.json they had before these flags existed)."""
-  if not FLAGS.dp_sigma:
-    return {}
-  return {'dp_sigma': FLAGS.dp_sigma, 'dp_clip': FLAGS.dp_clip}
+  """The DP and secure-aggregation flags for run.json, only when on (so
+  other runs keep the run.json they had before these flags existed)."""
+  definition = {}
+  if FLAGS.aggregation == 'secure':
+    definition.update(aggregation='secure', secure_bound=FLAGS.secure_bound)
+  if FLAGS.dp_sigma:
+    definition.update(dp_sigma=FLAGS.dp_sigma, dp_clip=FLAGS.dp_clip)
+    if FLAGS.algorithm == 'fedcg':
+      definition['dp_teacher_clip'] = _teacher_clip()
+  return definition
 
 
 def dp_aggregation(clients_per_round: int) -> dict:
-  """`catalog.build` arguments for the DP flags (empty without DP)."""
+  """`catalog.build` arguments for the DP and secure-aggregation flags
+  (empty without either)."""
+  if FLAGS.aggregation == 'secure':
+    from fedcg_tff.privacy import secure_aggregation  # pylint: disable=g-import-not-at-top
+    return {'aggregation_factory': secure_aggregation.mean_factory(
+        FLAGS.secure_bound)}
   if not FLAGS.dp_sigma:
     return {}
   from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
-  return {'aggregation_factory': dp.mean_factory(
-              FLAGS.dp_sigma, FLAGS.dp_clip, clients_per_round),
-          'upload_updates': True}
+  if FLAGS.algorithm == 'fedcg':
+    factory = dp.fedcg_mean_factory(FLAGS.dp_sigma, FLAGS.dp_clip,
+                                    _teacher_clip(), clients_per_round)
+  else:
+    factory = dp.mean_factory(FLAGS.dp_sigma, FLAGS.dp_clip,
+                              clients_per_round)
+  return {'aggregation_factory': factory, 'upload_updates': True}
 
 
 def dp_summary(rounds_run: int) -> dict:
-  """results.json's `dp` entry: sigma, clip, noise multiplier and the
-  (epsilon, delta) of `rounds_run` noised releases of a client's update."""
+  """results.json's `dp` entry: sigma, clip(s), noise multiplier(s) and the
+  (epsilon, delta) of `rounds_run` rounds of noised uploads."""
   if not FLAGS.dp_sigma:
     return {}
   from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
+  teacher = _teacher_clip() if FLAGS.algorithm == 'fedcg' else None
   return {'dp': dp.describe(FLAGS.dp_sigma, FLAGS.dp_clip, rounds_run,
-                            FLAGS.dp_delta)}
-# --- End of differential privacy --------------------------------------------
+                            FLAGS.dp_delta, teacher_clip=teacher)}
+
+
+def clipped_counts(csv_path: str) -> dict:
+  """Per secure sum, the uploads it clipped over the run (metrics.csv's
+  aggregator/.../secure_*_clipped_count columns, summed)."""
+  import csv  # pylint: disable=g-import-not-at-top
+  totals = {}
+  with open(csv_path, newline='') as f:
+    for row in csv.DictReader(f):
+      for key, value in row.items():
+        if key.endswith('clipped_count') and value:
+          totals[key] = totals.get(key, 0) + int(float(value))
+  return totals
+# --- End of private aggregation ---------------------------------------------
 
 
 def main(argv):
@@ -439,6 +506,9 @@ def main(argv):
       'total_round_seconds': sum(result.round_seconds),
   }
   summary.update(dp_summary(result.rounds_run))
+  if FLAGS.aggregation == 'secure':
+    summary['aggregation'] = 'secure'
+    summary['secure_clipped'] = clipped_counts(writer.csv_path)
   run_files.write_json_atomically(results_path, summary)
   resumed = (f', resumed after round {result.resumed_from}'
              if result.resumed_from else '')
@@ -451,10 +521,18 @@ def main(argv):
   print(tracker.table(), flush=True)
   if 'dp' in summary:
     d = summary['dp']
-    print(f'DP: noise std {d["dp_sigma"]:g} on each client update clipped to '
-          f'{d["dp_clip"]:g} (noise multiplier {d["noise_multiplier"]:.3g}); '
-          f'({d["epsilon"]:.4g}, {d["dp_delta"]:g})-DP per client after '
-          f'{d["releases"]} rounds')
+    if 'dp_teacher_clip' in d:  # DP-FedCG.
+      what = (f'update of G and C clipped to {d["dp_clip"]:g} and teacher '
+              f'logits clipped to {d["dp_teacher_clip"]:g}')
+    else:
+      what = f'update clipped to {d["dp_clip"]:g}'
+    print(f'DP: noise std {d["dp_sigma"]:g} on each client {what} (noise '
+          f'multiplier {d["noise_multiplier"]:.3g}); ({d["epsilon"]:.4g}, '
+          f'{d["dp_delta"]:g})-DP per client after {d["releases"]} rounds')
+  clipped = {k: v for k, v in summary.get('secure_clipped', {}).items() if v}
+  if clipped:
+    print(f'secure aggregation clipped uploads (raise --secure_bound): '
+          f'{clipped}')
   print(f'\nTensorBoard: .venv/bin/tensorboard --logdir '
         f'{writer.tensorboard_dir}')
 

@@ -247,6 +247,7 @@ def main(argv):
   from fedcg_tff.privacy import dlg_tf  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import driver  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import run_files  # pylint: disable=g-import-not-at-top
   from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
   from tasks import image_task  # pylint: disable=g-import-not-at-top
   from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
@@ -366,10 +367,8 @@ def main(argv):
   for filename, text in (('privacy.md', markdown),
                          ('privacy.csv', report.privacy_csv(table)),
                          ('privacy.json', json.dumps(summary, indent=1))):
-    path = os.path.join(FLAGS.output_dir, filename)
-    with open(f'{path}.tmp', 'w') as f:
-      f.write(text)
-    os.replace(f'{path}.tmp', path)
+    run_files.write_text_atomically(
+        os.path.join(FLAGS.output_dir, filename), text)
   psnrs = {row.name: row.psnr for row in table}
   grid_path = os.path.join(FLAGS.output_dir, 'reconstructions.png')
   pixels = report.reconstruction_grid(truth, recon01, psnrs, grid_path)

@@ -8,9 +8,11 @@ ALGORITHMS = ('local', 'fedavg', 'fedprox', 'fedsplit', 'feddf', 'fedgen',
 # tasks.registry.TASKS
 TASKS = ('fmnist', 'fmnist_shift', 'cifar10', 'digit5', 'office_caltech10',
          'domainnet')
-# algorithms.baselines_process_tff.UPDATE_ALGORITHMS: those `run_fedcg --dp_sigma`
-# applies to.
-DP_ALGORITHMS = ('fedavg', 'fedprox', 'fedsplit')
+# algorithms.baselines_process_tff.UPDATE_ALGORITHMS and FedCG: those
+# `run_fedcg --dp_sigma` applies to.
+DP_ALGORITHMS = ('fedavg', 'fedprox', 'fedsplit', 'fedcg')
+# privacy.secure_aggregation.ALGORITHMS: `run_fedcg --aggregation=secure`.
+SECURE_ALGORITHMS = ('fedavg', 'fedprox', 'fedsplit', 'fedcg')
 # privacy.dlg_tf.THREAT_MODEL_NAMES: `run_privacy_attack --algorithms`.
 PRIVACY_ALGORITHMS = ('fedavg', 'fedprox', 'fedavg_dp', 'fedsplit',
                       'fedsplit_private', 'fedcg', 'fedcg_private')

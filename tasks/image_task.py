@@ -48,6 +48,9 @@ class FederatedImageTask:
   # Unlabeled server images (uint8 NHWC) for FedDF's distillation, disjoint
   # from every client's data; None if the task has none.
   server_images: np.ndarray | None = None
+  # Their labels (FedDF ignores them; the inversion attack's labelled
+  # auxiliary data uses them); None with no server images.
+  server_labels: np.ndarray | None = None
 
   def __post_init__(self):
     if not self.client_names:

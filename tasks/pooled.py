@@ -59,7 +59,8 @@ def build(name: str, train: Arrays, test: Arrays, options: TaskOptions,
       std=tuple(std), client_names=tuple(client_names),
       noise_stds=(image_task.noise_stds(num_clients, options.noise_std)
                   if options.add_noise else ()),
-      server_images=train[0][server] if options.server_size else None)
+      server_images=train[0][server] if options.server_size else None,
+      server_labels=train[1][server] if options.server_size else None)
 
 
 def _shifted(arrays: Arrays, shift) -> Arrays:

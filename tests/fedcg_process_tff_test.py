@@ -12,6 +12,7 @@ from fedcg_tff.algorithms import catalog
 from fedcg_tff.algorithms import fedcg_process_tff as fedcg
 from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.privacy import dp
 from fedcg_tff.program import driver
 from fedcg_tff.program import round_loop
 from fedcg_tff.program import run_files
@@ -181,6 +182,85 @@ def test_teacher_by_federated_mean_equals_direct_ensemble(process,
   for k in range(len(mean.generator)):
     expected = sum(wi * u.generator[k] for wi, u in zip(w, uploads))
     np.testing.assert_allclose(mean.generator[k], expected, atol=1e-5)
+
+
+def test_dp_fedcg_without_noise_is_fedcg(process):
+  """DP-FedCG's clients upload G_i - G_g and C_i - C_g and the server adds
+  the mean back: with no noise, clips that clip nothing and equal client
+  sizes (the DP mean is uniform), its round is FedCG's."""
+  dp_process = fedcg.build_fedcg_process(
+      TINY, dp.fedcg_mean_factory(0.0, 1e9, 1e9, 2), upload_updates=True)
+  data = [_client_data(16, 5), _client_data(16, 6)]
+  runs = [driver.Driver(TINY, 2, p) for p in (process, dp_process)]
+  for run in runs:
+    run.run_round(0, data)
+  plain, private = (run.server_state for run in runs)
+  for name in ('generator', 'classifier'):
+    for a, b in zip(getattr(plain, name), getattr(private, name)):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_dp_fedcg_noises_and_clips_each_part_of_each_upload(process,
+                                                             init_clients):
+  """`dp.fedcg_mean_factory` on real FedCG uploads: the mean of n clients
+  carries noise of std sigma / sqrt(n) in every part (each client drew std
+  sigma), each part is clipped on its own, and the noise is drawn on the
+  clients."""
+  upload_type = process.parts.clients_step.type_signature.result.member.upload
+  weight_type = tff.TensorType(np.float32)
+  outputs = process.parts.clients_step(
+      process.initialize(), init_clients([1, 2]),
+      [_client_data(16, 1), _client_data(16, 2)])
+  uploads = [o.upload for o in outputs]
+
+  def mean(sigma, clip, teacher_clip):
+    agg = dp.fedcg_mean_factory(sigma, clip, teacher_clip, 2).create(
+        upload_type, weight_type)
+    return agg.next(agg.initialize(), uploads, [16.0, 16.0]).result
+
+  flat = lambda part: np.concatenate([np.ravel(x) for x in
+                                      tf.nest.flatten(part)])
+  exact = mean(0.0, 1e9, 1e9)
+  tf.random.set_seed(0)
+  noised = mean(0.2, 1e9, 1e9)
+  for name in ('generator', 'classifier', 'teacher_logits'):
+    plain = np.mean([flat(getattr(u, name)) for u in uploads], axis=0)
+    np.testing.assert_allclose(flat(getattr(exact, name)), plain, rtol=1e-5,
+                               atol=1e-5)
+    residual = flat(getattr(noised, name)) - plain
+    assert np.std(residual) == pytest.approx(0.2 / np.sqrt(2), rel=0.05), name
+  # Clipped part by part: G and C to 1, the logits to 3 (each client's part
+  # at most that norm, so their mean too; the logits' norm is far above 3).
+  clipped = mean(0.0, 1.0, 3.0)
+  assert np.linalg.norm(flat(clipped.generator)) <= 1.0 + 1e-4
+  assert np.linalg.norm(flat(clipped.classifier)) <= 1.0 + 1e-4
+  assert np.linalg.norm(flat(clipped.teacher_logits)) == pytest.approx(
+      3.0, rel=0.2)
+  agg = dp.fedcg_mean_factory(0.2, 1.0, 3.0, 2).create(upload_type,
+                                                       weight_type)
+  ops = placement.tf_ops_by_placement(agg.next)
+  random = lambda found: {op for op in found if 'Random' in op}
+  assert random(ops[tff.CLIENTS]) and not random(ops.get(tff.SERVER, ()))
+
+
+def test_dp_fedcg_epsilon_is_dp_accountings():
+  """Three Gaussian mechanisms a round (G's and C's updates at sigma/clip,
+  the logits at sigma/teacher_clip), composed over the rounds."""
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  sigma, clip, teacher_clip, rounds = 1.0, 0.5, 2.0, 7
+  accountant = dp_accounting.rdp.RdpAccountant(dp.RDP_ORDERS)
+  accountant.compose(dp_accounting.ComposedDpEvent([
+      dp_accounting.GaussianDpEvent(sigma / clip),
+      dp_accounting.GaussianDpEvent(sigma / clip),
+      dp_accounting.GaussianDpEvent(sigma / teacher_clip)]), rounds)
+  expected = accountant.get_epsilon(1e-5)
+  got = dp.fedcg_epsilon(sigma, clip, teacher_clip, rounds, 1e-5)
+  assert got == pytest.approx(expected, rel=1e-9)
+  # More than one mechanism's epsilon: all three are counted.
+  assert got > dp.epsilon(sigma, clip, rounds, 1e-5)
+  described = dp.describe(sigma, clip, rounds, 1e-5, teacher_clip=teacher_clip)
+  assert described['epsilon'] == got
+  assert described['mechanisms_per_round'] == 3
 
 
 def test_two_rounds_end_to_end(process, init_clients):

@@ -19,6 +19,7 @@ from fedcg_tff.models import lenet
 from fedcg_tff.models import model_weights
 from fedcg_tff.privacy import dlg_tf
 from fedcg_tff.privacy import dp
+from fedcg_tff.privacy import secure_aggregation
 from tests import binary_runs
 from tests import fake_data
 from tests.placement import tf_ops_by_placement
@@ -353,7 +354,9 @@ def test_fedavg_with_dp_uploads_noised_updates():
 
 
 def test_names_match_the_registries():
-  assert names.DP_ALGORITHMS == baselines_process_tff.UPDATE_ALGORITHMS
+  assert names.DP_ALGORITHMS == (baselines_process_tff.UPDATE_ALGORITHMS +
+                                 ('fedcg',))
+  assert names.SECURE_ALGORITHMS == secure_aggregation.ALGORITHMS
   assert names.PRIVACY_ALGORITHMS == dlg_tf.THREAT_MODEL_NAMES
 
 
@@ -418,7 +421,7 @@ def test_binary_names_the_bad_flag(tmp_path, args, message):
 
 def test_run_fedcg_refuses_dp_for_other_algorithms(tmp_path):
   for args, message in (
-      (['--algorithm=fedcg', '--dp_sigma=0.1'], '--dp_sigma applies to'),
+      (['--algorithm=local', '--dp_sigma=0.1'], '--dp_sigma applies to'),
       (['--algorithm=fedavg', '--dp_clip=3'], '--dp_clip is only used'),
       (['--algorithm=fedavg', '--dp_sigma=0.1', '--dp_clip=0'],
        '--dp_clip must be')):

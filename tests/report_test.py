@@ -62,6 +62,26 @@ def test_gains_over_local_and_chart(tmp_path):
   assert pixels.ndim == 3 and pixels.shape[2] == 3 and pixels.dtype == np.uint8
 
 
+def test_curves_come_from_metrics_csv_and_average_over_the_seeds_run(
+    tmp_path):
+  path = tmp_path / 'metrics.csv'
+  path.write_text('round,mean/val_accuracy,mean/test_accuracy,other\n'
+                  '2,0.6,0.5,x\n1,0.4,0.3,y\n')  # Any row order.
+  curves = report.load_curves(str(path))
+  np.testing.assert_allclose(curves['mean/val_accuracy'], [0.4, 0.6])
+  np.testing.assert_allclose(curves['mean/test_accuracy'], [0.3, 0.5])
+  # A run that stopped early leaves the mean of the later rounds to the
+  # runs that reached them.
+  longer = {'mean/val_accuracy': np.array([0.2, 0.4, 0.9]),
+            'mean/test_accuracy': np.array([0.1, 0.3, 0.8])}
+  mean = report.mean_curves([curves, longer])
+  np.testing.assert_allclose(mean['mean/val_accuracy'], [0.3, 0.5, 0.9])
+  np.testing.assert_allclose(mean['mean/test_accuracy'], [0.2, 0.4, 0.8])
+  pixels = report.curve_chart({'fedcg': mean}, 'fmnist',
+                              str(tmp_path / 'c.png'))
+  assert pixels.ndim == 3 and (tmp_path / 'c.png').exists()
+
+
 def _sweep(args, timeout=900, cwd=binary_runs.ROOT):
   return binary_runs.run_binary('run_experiments', args, timeout, cwd)
 
@@ -95,6 +115,22 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
           for e in tf.compat.v1.train.summary_iterator(path)
           for v in e.summary.value]
   assert 'gain_over_local/fmnist' in tags
+  assert 'accuracy_curves/fmnist' in tags
+  assert (out / 'curves_fmnist.png').read_bytes()[:4] == b'\x89PNG'
+  # The reports again from the small files alone (what results/ commits):
+  # no checkpoints, no TensorBoard logs of the runs.
+  import shutil  # pylint: disable=g-import-not-at-top
+  table = (out / 'results.md').read_text()
+  for run in glob.glob(f'{out}/fmnist/*/seed_3'):
+    for name in ('checkpoints', 'tensorboard'):
+      shutil.rmtree(os.path.join(run, name))
+  for name in ('results.md', 'curves_fmnist.png'):
+    (out / name).unlink()
+  remade = _sweep([*args[:-1], '--report_only'], timeout=300, cwd=tmp_path)
+  assert remade.returncode == 0, remade.stderr[-3000:]
+  assert (out / 'results.md').read_text() == table
+  assert (out / 'curves_fmnist.png').exists()
+  assert 'already holds' not in remade.stdout  # Nothing ran.
   # Rerunning skips a finished run; other run flags are refused rather than
   # mixed into the table (one of the four runs shows both).
   one_run = ['--output_dir=sweep', '--algorithms=local', '--tasks=fmnist',

@@ -74,6 +74,61 @@ def test_invalid_flag_fails_at_start_naming_it(tmp_path, flag, message):
   assert not (tmp_path / 'out').exists()  # Nothing was started.
 
 
+@pytest.mark.parametrize('args,message', [
+    (['--algorithm=feddf', '--aggregation=secure'],
+     '--aggregation=secure applies to --algorithm in'),
+    (['--secure_bound=10'], '--secure_bound is only used with'),
+    (['--aggregation=secure', '--secure_bound=0'], '--secure_bound must be'),
+    (['--aggregation=secure', '--dp_sigma=0.1'], 'choose one'),
+    (['--algorithm=fedavg', '--dp_sigma=0.1', '--dp_teacher_clip=2'],
+     '--dp_teacher_clip is only used by --algorithm=fedcg'),
+    (['--dp_teacher_clip=2'], '--dp_teacher_clip is only used with'),
+    (['--dp_sigma=0.1', '--dp_teacher_clip=-1'], '--dp_teacher_clip must be'),
+])
+def test_private_aggregation_flags_are_checked(tmp_path, args, message):
+  error = _main([f'--output_dir={tmp_path / "out"}', *args])
+  assert error is not None and message in error, error
+  assert not (tmp_path / 'out').exists()
+
+
+def test_dp_fedcg_flags_give_its_aggregator_and_epsilon():
+  """What run.json and results.json record for DP-FedCG, and the
+  aggregation the process is built with (flags parsed in-process)."""
+  from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
+  with flagsaver.flagsaver():
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['run_fedcg', '--algorithm=fedcg', '--dp_sigma=1',
+                 '--dp_clip=0.5', '--dp_teacher_clip=2', '--output_dir=x'])
+    assert run_fedcg.dp_definition() == {
+        'dp_sigma': 1.0, 'dp_clip': 0.5, 'dp_teacher_clip': 2.0}
+    built = run_fedcg.dp_aggregation(4)
+    assert built['upload_updates'] is True
+    summary = run_fedcg.dp_summary(7)['dp']
+    assert summary['epsilon'] == dp.fedcg_epsilon(1.0, 0.5, 2.0, 7)
+    assert summary['dp_teacher_clip'] == 2.0
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['run_fedcg', '--algorithm=fedcg', '--dp_sigma=1',
+                 '--dp_clip=3', '--output_dir=x'])
+    # The logits' clip defaults to --dp_clip.
+    assert run_fedcg.dp_definition()['dp_teacher_clip'] == 3.0
+
+
+def test_secure_fedavg_run_records_its_aggregation(tmp_path):
+  data = _fake_idx(tmp_path)
+  out = tmp_path / 'secure'
+  assert _main([f'--output_dir={out}', f'--data_dir={data}',
+                '--algorithm=fedavg', '--aggregation=secure', '--rounds=1',
+                '--num_clients=2', '--train_per_client=16',
+                '--local_epochs=1']) is None
+  assert json.loads((out / 'run.json').read_text())['run'][
+      'secure_bound'] == 2.0**17
+  results = json.loads((out / 'results.json').read_text())
+  assert results['aggregation'] == 'secure'
+  clipped = results['secure_clipped']
+  assert clipped and set(clipped.values()) == {0}, clipped
+  assert any(k.endswith('secure_upper_clipped_count') for k in clipped)
+
+
 def test_missing_data_and_taken_output_dir(tmp_path):
   error = _main([f'--output_dir={tmp_path / "out"}',
                  f'--data_dir={tmp_path / "nothing"}'])

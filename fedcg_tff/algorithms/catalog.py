@@ -27,9 +27,10 @@ def build_process(algorithm: str, config: FedCGConfig,
                   timed: bool = False) -> round_tff.RoundProcess:
   """`algorithm`'s iterative process (`round_tff.RoundProcess`).
 
-  `upload_updates` (fedavg, fedprox, fedsplit): clients upload their
-  round's update rather than their weights, for a DP `aggregation_factory`
-  (`dp.mean_factory`) that must clip and noise updates. `server_images`
+  `upload_updates` (fedavg, fedprox, fedsplit, fedcg): clients upload
+  their round's update rather than their weights, for a DP
+  `aggregation_factory` (`dp.mean_factory`) that must clip and noise
+  updates. `server_images`
   (FedDF): its unlabeled server data. `timed` (FedCG): phase stamps for
   binaries/benchmark.py.
   """
@@ -37,11 +38,8 @@ def build_process(algorithm: str, config: FedCGConfig,
     raise ValueError(f'algorithm must be one of {ALGORITHMS}, '
                      f'got {algorithm!r}')
   if algorithm == 'fedcg':
-    if upload_updates:
-      raise ValueError('upload_updates applies to '
-                       f'{baselines_process_tff.UPDATE_ALGORITHMS}, not fedcg')
     return fedcg_process_tff.build_fedcg_process(config, aggregation_factory,
-                                                 timed)
+                                                 timed, upload_updates)
   if timed:
     raise ValueError(f'timed applies to fedcg, not {algorithm!r}')
   return baselines_process_tff.build_baseline_process(

@@ -35,6 +35,7 @@ def build_fedcg_process(
     aggregation_factory: Optional[
         tff.aggregators.WeightedAggregationFactory] = None,
     timed: bool = False,
+    upload_updates: bool = False,
 ) -> round_tff.RoundProcess:
   """FedCG as an iterative process (`round_tff.build_round_process`).
 
@@ -46,21 +47,23 @@ def build_fedcg_process(
   weighted mean) aggregates what the clients share. `timed`
   (binaries/benchmark.py) adds wall-clock stamps of the clients' phases
   (`fedcg_tf.ClientOutput.times`) and of the distillation
-  (`fedcg_tf.ServerMetrics.times`).
+  (`fedcg_tf.ServerMetrics.times`). `upload_updates` (DP-FedCG): clients
+  upload their round's update of G and C rather than the networks, so a DP
+  `aggregation_factory` (`dp.fedcg_mean_factory`) clips and noises updates.
   """
   config = config.validate()
 
   def client_update(message, state, dataset):
     with devices.scope():
       return fedcg_tf.client_update(fedcg_tf.PartyNetworks(config), message,
-                                    state, dataset, timed)
+                                    state, dataset, timed, upload_updates)
 
   def server_update(state, aggregator_state, averaged, distill_inputs):
     noise, labels = distill_inputs
     with devices.scope():
       return fedcg_tf.server_update(
           fedcg_tf.PartyNetworks(config, fedcg_tf.SERVER_NETWORKS), state,
-          aggregator_state, averaged, noise, labels, timed)
+          aggregator_state, averaged, noise, labels, timed, upload_updates)
 
   return round_tff.build_round_process(
       config,

@@ -268,8 +268,13 @@ def generated_logits(generator, classifier, noise, labels):
 
 @tf.function
 def client_update(nets: PartyNetworks, message: ServerMessage, state: ClientState,
-                  dataset, timed: bool = False) -> ClientOutput:
+                  dataset, timed: bool = False,
+                  upload_updates: bool = False) -> ClientOutput:
   """One FedCG client round: load G_g/C_g, stage 1, stage 2, teacher logits.
+
+  `upload_updates` (DP-FedCG): G and C are uploaded as the round's updates
+  (G_i - G_g, C_i - C_g), so that a DP aggregator clips and noises what the
+  round changed; the server adds the mean update back (`server_update`).
 
   `timed` adds `ClientOutput.times`; each stamp waits for the phase before
   it and the next phase waits for the stamp, so the stamps bracket the
@@ -315,6 +320,10 @@ def client_update(nets: PartyNetworks, message: ServerMessage, state: ClientStat
       classifier=classifier,
       teacher_logits=teacher,
   )
+  if upload_updates:
+    upload = attrs.evolve(
+        upload, generator=_minus(upload.generator, message.generator),
+        classifier=_minus(upload.classifier, message.classifier))
   metrics = ClientMetrics(num_examples=num_examples, gamma=gamma,
                           cls_loss=cls_loss,
                           dist_loss=dist_loss, d_loss=d_loss, g_loss=g_loss)
@@ -374,11 +383,25 @@ def distill(nets: PartyNetworks, optimizer_state, noise, labels, teacher_logits)
                              (noise, labels), teacher_logits)
 
 
+def _minus(a, b):
+  return tuple(x - y for x, y in zip(a, b))
+
+
 @tf.function
 def server_update(nets: PartyNetworks, state: ServerState, aggregator_state,
-                  averaged: ClientUpload, noise, labels, timed: bool = False):
+                  averaged: ClientUpload, noise, labels, timed: bool = False,
+                  upload_updates: bool = False):
   """Weighted-average (G, C) from the aggregator, then distil the ensemble.
-  `timed` stamps the distillation (`ServerMetrics.times`)."""
+  `timed` stamps the distillation (`ServerMetrics.times`);
+  `upload_updates`: `averaged` holds the mean update of G and C, added to
+  the server's (which it broadcast this round)."""
+  if upload_updates:
+    averaged = attrs.evolve(
+        averaged,
+        generator=tuple(w + u for w, u in zip(state.generator,
+                                               averaged.generator)),
+        classifier=tuple(w + u for w, u in zip(state.classifier,
+                                                averaged.classifier)))
   stamps = training_tf.Stamps(timed)
   assigned = (model_weights.assign(nets.generator, averaged.generator) +
               model_weights.assign(nets.classifier, averaged.classifier))

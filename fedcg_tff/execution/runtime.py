@@ -234,7 +234,12 @@ def set_local_cpp_context(
   shutdown_workers()
   if max_concurrent_computation_calls is None:
     max_concurrent_computation_calls = default_concurrency()
-  tff.backends.native.set_sync_local_cpp_execution_context(
+  # TFF's test backend: the native local C++ context (same executor
+  # factory) whose compiler also lowers the secure-sum intrinsics
+  # (`--aggregation=secure`) to their plain-TF bodies, which the native
+  # compiler cannot run ("Cannot embed a federated value"). Computations
+  # without a secure sum compile exactly as with the native context.
+  tff.backends.test.set_sync_test_cpp_execution_context(
       max_concurrent_computation_calls=max_concurrent_computation_calls)
 
 

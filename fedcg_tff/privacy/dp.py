@@ -9,6 +9,10 @@ independent N(0, sigma^2) noise to every coordinate.
 
 * Attack side (`dlg_tf`): the record is the gradient of the shared
   networks for one batch; the attacker observes `gaussian_mechanism(g)`.
+* DP-FedCG (`run_fedcg --algorithm=fedcg --dp_sigma`): the record is a
+  client's upload, its update of G and of C and its teacher logits, each
+  part clipped on its own and noised (`fedcg_mean_factory`; the teacher
+  ensemble is then a uniform mean, as DP means are).
 * Training side (`run_fedcg --dp_sigma`): the record is a client's model
   update of the round (its E and C after local training minus the
   broadcast E and C; FedAvg, FedProx and FedSplit then upload updates, not
@@ -38,6 +42,8 @@ from typing import Any
 import dp_accounting
 import tensorflow_federated as tff
 import tensorflow_privacy as tfp
+# Not exported at the top level; NormalizedQuery needs a sum query.
+from tensorflow_privacy.privacy.dp_query import nested_query
 from tensorflow_federated.python.aggregators import factory_utils
 
 DEFAULT_DELTA = 1e-5
@@ -117,6 +123,55 @@ def mean_factory(sigma: float, clip: float, num_clients: int
       tff.aggregators.DifferentiallyPrivateFactory(query))
 
 
+def fedcg_mean_factory(sigma: float, clip: float, teacher_clip: float,
+                       num_clients: int
+                       ) -> tff.aggregators.WeightedAggregationFactory:
+  """DP-FedCG's aggregation: the uniform mean over `num_clients` clients of
+  their uploads, each of its three parts (the update of G, the update of C,
+  the teacher logits) clipped on its own (to `clip`, `clip` and
+  `teacher_clip`) and noised with std `sigma` per coordinate on the client,
+  as `mean_factory` does for one record. Each round releases three
+  Gaussian mechanisms of a client, composed in `fedcg_epsilon`."""
+  check_parameters(sigma, clip)
+  check_parameters(sigma, teacher_clip)
+  if num_clients < 1:
+    raise ValueError(f'num_clients must be >= 1, got {num_clients}')
+  from fedcg_tff.algorithms import fedcg_tf  # pylint: disable=g-import-not-at-top
+  parts = fedcg_tf.ClientUpload(
+      generator=LocalGaussianSumQuery(clip, sigma),
+      classifier=LocalGaussianSumQuery(clip, sigma),
+      teacher_logits=LocalGaussianSumQuery(teacher_clip, sigma))
+  query = tfp.NormalizedQuery(nested_query.NestedSumQuery(parts),
+                              denominator=float(num_clients))
+  return factory_utils.as_weighted_aggregator(
+      tff.aggregators.DifferentiallyPrivateFactory(query))
+
+
+def fedcg_epsilon(sigma: float, clip: float, teacher_clip: float, rounds: int,
+                  delta: float = DEFAULT_DELTA) -> float:
+  """Epsilon at `delta` of `rounds` rounds of DP-FedCG: per round, the
+  Gaussian mechanisms of G's update and C's update (noise multiplier
+  sigma / clip each) and of the teacher logits (sigma / teacher_clip),
+  composed by the RDP accountant."""
+  check_parameters(sigma, clip)
+  check_parameters(sigma, teacher_clip)
+  if sigma == 0:
+    return math.inf
+  events = [dp_accounting.GaussianDpEvent(noise_multiplier(sigma, c))
+            for c in (clip, clip, teacher_clip)]
+  return _epsilon(dp_accounting.ComposedDpEvent(events), rounds, delta)
+
+
+def _epsilon(event, rounds: int, delta: float) -> float:
+  if rounds < 1:
+    raise ValueError(f'rounds must be >= 1, got {rounds}')
+  if not 0 < delta < 1:
+    raise ValueError(f'dp_delta must be in (0, 1), got {delta}')
+  accountant = dp_accounting.rdp.RdpAccountant(RDP_ORDERS)
+  accountant.compose(event, rounds)
+  return float(accountant.get_epsilon(delta))
+
+
 def noise_multiplier(sigma: float, clip: float) -> float:
   return sigma / clip
 
@@ -133,16 +188,21 @@ def epsilon(sigma: float, clip: float, rounds: int,
     raise ValueError(f'dp_delta must be in (0, 1), got {delta}')
   if sigma == 0:
     return math.inf
-  accountant = dp_accounting.rdp.RdpAccountant(RDP_ORDERS)
-  accountant.compose(dp_accounting.GaussianDpEvent(
-      noise_multiplier(sigma, clip)), rounds)
-  return float(accountant.get_epsilon(delta))
+  return _epsilon(dp_accounting.GaussianDpEvent(noise_multiplier(sigma, clip)),
+                  rounds, delta)
 
 
 def describe(sigma: float, clip: float, rounds: int,
-             delta: float = DEFAULT_DELTA) -> dict:
-  """The DP figures a report prints, as a JSON-able dict."""
-  return {'dp_sigma': sigma, 'dp_clip': clip,
-          'noise_multiplier': noise_multiplier(sigma, clip),
-          'releases': rounds, 'dp_delta': delta,
-          'epsilon': epsilon(sigma, clip, rounds, delta)}
+             delta: float = DEFAULT_DELTA,
+             teacher_clip: float | None = None) -> dict:
+  """The DP figures a report prints, as a JSON-able dict; with
+  `teacher_clip`, DP-FedCG's (three mechanisms a round)."""
+  out = {'dp_sigma': sigma, 'dp_clip': clip,
+         'noise_multiplier': noise_multiplier(sigma, clip),
+         'releases': rounds, 'dp_delta': delta}
+  if teacher_clip is None:
+    return {**out, 'epsilon': epsilon(sigma, clip, rounds, delta)}
+  return {**out, 'dp_teacher_clip': teacher_clip,
+          'teacher_noise_multiplier': noise_multiplier(sigma, teacher_clip),
+          'mechanisms_per_round': 3,
+          'epsilon': fedcg_epsilon(sigma, clip, teacher_clip, rounds, delta)}

@@ -129,6 +129,23 @@ class Checkpoints:
       log('no intact saved state: the run starts over from round 1')
     return 0
 
+  def load(self, rounds_done: int, template: dict[str, Any]
+           ) -> dict[str, Any]:
+    """The state saved after `rounds_done` rounds, read against
+    `template`, for tools that inspect a run (nothing is set aside).
+    Raises ValueError naming the kept rounds if that save is not kept, and
+    `DamagedState` naming its directory if it cannot be read."""
+    versions = asyncio.run(self._manager.get_versions()) or []
+    if rounds_done not in versions:
+      raise ValueError(f'{self.directory} keeps no save of round '
+                       f'{rounds_done} (kept: {sorted(versions)})')
+    try:
+      state = asyncio.run(self._manager.load(rounds_done, template))
+    except READ_ERRORS as e:
+      raise DamagedState(f'{self.path(rounds_done)}: '
+                         f'{describe_error(e)}') from e
+    return tf.nest.map_structure(np.asarray, state)
+
   def _set_aside(self, version: int) -> str:
     """Renames a damaged save out of the manager's view; returns the new
     path (`damaged_round_<n>`, with a timestamp if that exists)."""

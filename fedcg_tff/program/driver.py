@@ -4,6 +4,7 @@ store between rounds, samples clients and evaluates them."""
 
 import attrs
 import numpy as np
+import tree
 
 from fedcg_tff.algorithms import round_tff
 from fedcg_tff.config import FedCGConfig
@@ -29,13 +30,20 @@ def _scalars(prefix: str, metrics) -> dict[str, float]:
 def flatten_round_metrics(metrics: round_tff.RoundMetrics,
                           client_ids: list[int] | None = None
                           ) -> dict[str, float]:
-  """`server/<name>`, `client_<i>/<name>` and `mean/<name>` scalars.
+  """`server/<name>`, `aggregator/<path>`, `client_<i>/<name>` and
+  `mean/<name>` scalars.
 
   `client_ids[j]` is the client whose metrics are `metrics.clients[j]`
   (default: j): with client sampling the round's clients are a subset, and
   the means are over them only.
   """
   out = _scalars('server', metrics.server)
+  # The aggregator's scalar measurements (secure aggregation's clipping
+  # counts; the DP and plain means report none).
+  for keys, value in tree.flatten_with_path(metrics.aggregator):
+    value = np.asarray(value)
+    if value.shape == () and value.dtype.kind in 'iuf':
+      out['aggregator/' + '/'.join(str(k) for k in keys)] = float(value)
   if client_ids is None:
     client_ids = list(range(len(metrics.clients)))
   per_client = [_scalars(f'client_{i}', m)

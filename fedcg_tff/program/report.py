@@ -121,6 +121,20 @@ def gains_over_local(results: Sequence[RunResult], task: str
   return gains
 
 
+def _save_figure(fig, path: str) -> np.ndarray:
+  """Writes `fig` as a PNG to `path` (write then rename, so a reader never
+  sees half a file), closes it and returns its RGB pixels (uint8 [h, w,
+  3], for TensorBoard)."""
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  tmp = f'{path}.tmp.png'
+  fig.savefig(tmp, format='png')
+  os.replace(tmp, path)
+  fig.canvas.draw()
+  pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+  plt.close(fig)
+  return pixels
+
+
 def gain_chart(gains: dict[str, np.ndarray], client_names: Sequence[str],
                title: str, path: str):
   """Figure 5: grouped bars, one group per client, one bar per algorithm.
@@ -147,14 +161,57 @@ def gain_chart(gains: dict[str, np.ndarray], client_names: Sequence[str],
   ax.set_title(title)
   ax.legend(fontsize='small', ncol=min(len(algorithms), 3))
   fig.tight_layout()
-  tmp = f'{path}.tmp.png'
-  fig.savefig(tmp, format='png')
-  os.replace(tmp, path)
-  fig.canvas.draw()
-  pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
   bars = sum(len(c) for c in ax.containers)
-  plt.close(fig)
-  return pixels, bars
+  return _save_figure(fig, path), bars
+
+
+CURVE_METRICS = ('mean/val_accuracy', 'mean/test_accuracy')
+
+
+def load_curves(metrics_csv: str) -> dict[str, np.ndarray]:
+  """Per metric of CURVE_METRICS, its value at each round of a run (from
+  the run's metrics.csv: a report needs no checkpoint)."""
+  import csv as csv_module  # pylint: disable=g-import-not-at-top
+  with open(metrics_csv, newline='') as f:
+    rows = list(csv_module.DictReader(f))
+  rows.sort(key=lambda r: int(r['round']))
+  return {name: np.array([float(r[name]) for r in rows])
+          for name in CURVE_METRICS}
+
+
+def mean_curves(curves: Sequence[dict[str, np.ndarray]]
+                ) -> dict[str, np.ndarray]:
+  """The mean over runs (seeds) at each round, over the runs that reached
+  it (runs that stopped early drop out of later rounds)."""
+  out = {}
+  for name in CURVE_METRICS:
+    longest = max(len(c[name]) for c in curves)
+    out[name] = np.array([np.mean([c[name][r] for c in curves
+                                   if len(c[name]) > r])
+                          for r in range(longest)])
+  return out
+
+
+def curve_chart(curves: dict[str, dict[str, np.ndarray]], title: str,
+                path: str):
+  """Mean validation and test accuracy (%) against round, one line per
+  algorithm (`curves[algorithm]` from `mean_curves`), two panels. Writes a
+  PNG to `path` (write then rename); returns the RGB pixels."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=100, sharey=True)
+  for ax, name, label in zip(axes, CURVE_METRICS, ('validation', 'test')):
+    for algorithm, c in curves.items():
+      ax.plot(np.arange(1, len(c[name]) + 1), 100 * c[name], label=algorithm)
+    ax.set_xlabel('round')
+    ax.set_title(f'{title}: mean {label} accuracy')
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel('accuracy (%)')
+  axes[1].legend(fontsize='small')
+  fig.tight_layout()
+  return _save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------
@@ -233,6 +290,32 @@ def privacy_csv(rows: Sequence[PrivacyRow]) -> str:
   return out.getvalue()
 
 
+def inversion_markdown(rows: Sequence[dict], extractor_labels: dict,
+                       target_labels: dict, references: dict) -> str:
+  """The model-inversion table (binaries/run_inversion_attack.py): per
+  round, extractor and target, PSNR and SSIM against the attacked images
+  (mean ± std over them, numpy's ddof 0) and, for G(z, y) targets, PSNR
+  against the class's mean image and the nearest client image of the
+  class."""
+  lines = ['| round | algorithm | extractor | target | PSNR (dB) | SSIM | '
+           'PSNR vs class mean (dB) | PSNR vs nearest client image (dB) |',
+           '|---|---|---|---|---|---|---|---|']
+  cell = lambda values: '{:.2f} ± {:.2f}'.format(*_mean_std(values))
+  for row in rows:
+    extractor = ('FedAvg\'s shared E_i' if row['algorithm'] == 'fedavg'
+                 else extractor_labels[row['extractor']])
+    ssim_mean, ssim_std = _mean_std(row['ssim'])
+    lines.append(
+        f'| {row["round"]} | {row["algorithm"]} | {extractor} | '
+        f'{target_labels[row["target"]]} | {cell(row["psnr"])} | '
+        f'{ssim_mean:.3f} ± {ssim_std:.3f} | '
+        + (f'{cell(row["psnr_class_mean"])} | {cell(row["psnr_nearest"])} |'
+           if 'psnr_class_mean' in row else '— | — |'))
+  return '\n'.join(lines) + '\n\nFor scale, constant images score: ' + (
+      '; '.join(f'{name} {cell(v)} dB' for name, v in references.items())
+      + '.\n')
+
+
 def reconstruction_grid(true_images: np.ndarray,
                         reconstructions: dict[str, np.ndarray],
                         psnrs: dict[str, Sequence[float]], path: str):
@@ -263,10 +346,4 @@ def reconstruction_grid(true_images: np.ndarray,
       if name != 'true':
         ax.set_xlabel(f'{psnrs[name][i]:.1f} dB', fontsize=7)
   fig.tight_layout(pad=0.3)
-  tmp = f'{path}.tmp.png'
-  fig.savefig(tmp, format='png')
-  os.replace(tmp, path)
-  fig.canvas.draw()
-  pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
-  plt.close(fig)
-  return pixels
+  return _save_figure(fig, path)

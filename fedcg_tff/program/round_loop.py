@@ -169,6 +169,27 @@ def _loop_state(tracker: BestTracker, since_best: int,
           'round_seconds': np.asarray(round_seconds + [0.0], np.float64)}
 
 
+def _checkpoint_template(fresh, num_clients: int) -> dict[str, Any]:
+  """The structure `run` saves: the packed algorithm state and the loop's
+  bookkeeping (as when nothing has run)."""
+  return {'algorithm': checkpoint.pack(fresh),
+          'loop': _loop_state(BestTracker(num_clients), 0, [])}
+
+
+def saved_algorithm_state(algorithm: Algorithm,
+                          checkpoints: checkpoint.Checkpoints,
+                          rounds_done: int, num_clients: int) -> Any:
+  """The algorithm state `run` saved after `rounds_done` rounds (0: the
+  fresh state), without restoring it: what inspection tools (the
+  inversion attack) start from."""
+  fresh = algorithm.state()
+  if rounds_done == 0:
+    return fresh
+  state = checkpoints.load(rounds_done,
+                           _checkpoint_template(fresh, num_clients))
+  return checkpoint.unpack(state['algorithm'], fresh)
+
+
 def run(algorithm: Algorithm,
         train_data_fn: Callable[[int], list],
         val_data: list,
@@ -191,8 +212,7 @@ def run(algorithm: Algorithm,
   rounds_run = 0
   if checkpoints is not None:
     fresh = algorithm.state()
-    template = {'algorithm': checkpoint.pack(fresh),
-                'loop': _loop_state(tracker, since_best, round_seconds)}
+    template = _checkpoint_template(fresh, num_clients)
     saved = {}
 
     def restore(rounds_done, state):

@@ -78,13 +78,18 @@ class MetricsWriter:
 RUN_FILE = 'run.json'  # What defines the run in a directory: see below.
 
 
-def write_json_atomically(path: str, value) -> None:
-  """Writes JSON to a temporary file and renames it over `path`, so a crash
-  never leaves a half-written file."""
+def write_text_atomically(path: str, text: str) -> None:
+  """Writes `text` to a temporary file and renames it over `path`, so a
+  crash never leaves a half-written file."""
   tmp = f'{path}.tmp'
   with open(tmp, 'w') as f:
-    json.dump(value, f, indent=2, default=str)
+    f.write(text)
   os.replace(tmp, path)
+
+
+def write_json_atomically(path: str, value) -> None:
+  """`value` as indented JSON, written as `write_text_atomically` does."""
+  write_text_atomically(path, json.dumps(value, indent=2, default=str))
 
 
 def prepare_output_dir(output_dir: str, run_definition: dict) -> bool:

@@ -1,0 +1,156 @@
+"""Model inversion through the generator (privacy/inversion_tf.py) and its
+binary on tiny data."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from fedcg_tff.algorithms import fedcg_tf
+from fedcg_tff.config import FedCGConfig
+from fedcg_tff.privacy import dlg_tf
+from fedcg_tff.privacy import inversion_tf as inv
+from tests import binary_runs
+from tests import fake_data
+
+CONFIG = FedCGConfig()
+RANGE = (-1.0, 1.0)
+
+
+def _smooth_images(count, seed):
+  """Smooth random images in [-1, 1] (a TV prior suits them)."""
+  rng = np.random.default_rng(seed)
+  coarse = rng.uniform(-1, 1, (count, 8, 8, 1)).astype(np.float32)
+  return tf.image.resize(coarse, (32, 32), 'bilinear').numpy()
+
+
+def test_inversion_recovers_images_through_a_known_invertible_extractor():
+  """A toy extractor that loses nothing (an over-complete linear conv): the
+  inversion must give the images back; a random start alone scores low."""
+  extractor = tf.keras.Sequential([
+      tf.keras.Input((32, 32, 1)),
+      tf.keras.layers.Conv2D(4, 3, padding='same',
+                             kernel_initializer=tf.keras.initializers
+                             .GlorotUniform(seed=1))])
+  images = _smooth_images(3, 0)
+  targets = extractor(images).numpy()
+  options = inv.InversionOptions(iterations=300, tv_weight=1e-4, seed=0)
+  result = inv.invert_features(extractor, targets, (32, 32, 1), RANGE,
+                               options)
+  to01 = lambda x: (np.asarray(x) + 1) / 2
+  psnr = dlg_tf.psnr(to01(images), to01(result.images))
+  assert np.all(psnr > 30), psnr
+  assert np.all(result.mismatch < 1e-3)
+  assert result.images.min() >= -1 and result.images.max() <= 1
+  # The starting point (what the optimiser got for free) is far off.
+  start = inv.invert_features(
+      extractor, targets, (32, 32, 1), RANGE,
+      inv.InversionOptions(iterations=1, tv_weight=1e-4, seed=0))
+  assert np.all(dlg_tf.psnr(to01(images), to01(start.images)) < 15)
+
+
+def test_total_variation_is_zero_on_flat_images_and_grows_with_edges():
+  flat = np.zeros((1, 8, 8, 1), np.float32)
+  edge = flat.copy()
+  edge[:, :, 4:] = 1.0
+  assert float(inv.total_variation(flat)[0]) == 0.0
+  assert float(inv.total_variation(edge)[0]) == pytest.approx(8 / 56)
+
+
+def test_fitted_latent_matches_a_feature_the_generator_can_make():
+  """z* fitted to G(z0, y) reproduces it far better than a random z."""
+  generator = inv.generator_with(
+      CONFIG, fedcg_tf.initial_server_state(CONFIG, ()).generator)
+  labels = np.array([1, 7], np.int32)
+  targets = inv.sample_features(generator, labels, seed=5)
+  fitted, mismatch = inv.fit_latent(
+      generator, targets, labels,
+      inv.InversionOptions(latent_iterations=100, latent_restarts=2))
+  random = inv.feature_mismatch(
+      inv.sample_features(generator, labels, seed=6), targets).numpy()
+  assert np.all(mismatch < 0.1 * random), (mismatch, random)
+  np.testing.assert_allclose(
+      inv.feature_mismatch(fitted, targets).numpy(), mismatch, rtol=1e-4)
+
+
+def test_shadow_extractor_uses_only_the_shared_networks_and_its_own_draw():
+  """The shadow rows' extractor: the attacker's own initial draw, trained
+  with the client's G and C; no client extractor weight goes in or comes
+  out (checked like the DLG threat models)."""
+  config = FedCGConfig(seed=1)
+  client = fedcg_tf.initial_client_state(config, 3)
+  server = fedcg_tf.initial_server_state(config, ())
+  images = _smooth_images(16, 1)
+  labels = np.arange(16, dtype=np.int32) % 10
+  attacker_seed = config.seed + dlg_tf.STAND_IN_SEED_OFFSET
+  training = inv.ShadowTraining(epochs=1, batch_size=8, seed=attacker_seed)
+  shadow = inv.train_shadow_extractor(config, server.generator,
+                                      server.classifier, images, labels,
+                                      training)
+  own_draw = dlg_tf.stand_in_extractor(config, attacker_seed)
+  # Under shared init the client's E_0 is the run seed's public draw; the
+  # attacker starts from its own, so the shadow is neither.
+  public = dlg_tf.stand_in_extractor(config, config.seed)
+  assert all(np.array_equal(a, b) for a, b in zip(client.extractor, public))
+  kernels = [i for i, w in enumerate(own_draw) if w.ndim >= 2]
+  for i in kernels:
+    assert not np.allclose(shadow[i], client.extractor[i], atol=1e-3)
+    assert not np.array_equal(shadow[i], own_draw[i])  # It trained,
+    # ... from its own draw (a few Adam steps move each weight <= 2 lr).
+    assert np.max(np.abs(shadow[i] - own_draw[i])) < 2 * training.lr * 2 + 1e-6
+  # The shared networks steer it: another G and C give another shadow.
+  other = fedcg_tf.initial_server_state(FedCGConfig(seed=9), ())
+  shadow_other = inv.train_shadow_extractor(config, other.generator,
+                                            other.classifier, images,
+                                            labels, training)
+  assert not np.allclose(shadow[kernels[0]], shadow_other[kernels[0]])
+
+
+def test_class_references_score_against_the_class_mean_and_nearest():
+  images01 = np.stack([np.full((4, 4, 1), v) for v in (0.0, 0.2, 1.0)])
+  labels = np.array([0, 0, 1])
+  recon = np.full((1, 4, 4, 1), 0.2)
+  refs = inv.class_references(images01, labels, recon, np.array([0]))
+  assert refs['psnr_nearest'][0] == dlg_tf.PSNR_CAP_DB  # Equals image 2.
+  assert refs['psnr_class_mean'][0] == pytest.approx(
+      10 * np.log10(1 / 0.1**2))
+
+
+def test_binary_attacks_a_tiny_fedcg_run_and_reports_every_row(tmp_path):
+  data = tmp_path / 'data'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=200, n_test=40)
+  run = tmp_path / 'fedcg'
+  common = [f'--data_dir={data}', '--num_clients=2', '--train_per_client=16',
+            '--local_epochs=1', '--rounds=2']
+  done = binary_runs.run_binary('run_fedcg', [
+      f'--output_dir={run}', *common, '--gan_epochs=1', '--server_epochs=1',
+      '--server_steps_per_epoch=2'], timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  out = tmp_path / 'inversion'
+  done = binary_runs.run_binary('run_inversion_attack', [
+      f'--run_dir={run}', '--rounds=1,2', '--num_images=2',
+      '--iterations=5', '--latent_iterations=5', '--latent_restarts=1',
+      '--shadow_epochs=1', '--aux_size=40', f'--output_dir={out}'],
+      timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  summary = json.loads((out / 'inversion.json').read_text())
+  rows = {(r['round'], r['extractor'], r['target']) for r in summary['rows']}
+  assert rows == {(r, e, t) for r in (1, 2)
+                  for e in ('true', 'own', 'disjoint', 'shifted')
+                  for t in ('features', 'fitted', 'sampled')}
+  assert all(len(r['psnr']) == 2 for r in summary['rows'])
+  # Round 2 was recomputed from the save of round 1 and checked against the
+  # run's own save of round 2: far closer to it than to round 1's E_i.
+  check = summary['replay_check']['2']
+  assert check['replay_to_saved'] < 0.05 * check['round_change'], check
+  table = (out / 'inversion.md').read_text()
+  assert '| 2 | fedcg | true E_i (upper bound) | E_i(x) (upper bound) |' in table
+  assert (out / 'grid_round_2.png').stat().st_size > 1000
+  # A round whose previous state is not kept is refused, naming the flag.
+  done = binary_runs.run_binary('run_inversion_attack', [
+      f'--run_dir={run}', '--rounds=9', '--aux_size=40',
+      f'--output_dir={tmp_path / "x"}'],
+      timeout=600)
+  assert done.returncode != 0 and '--rounds: round 9 needs' in done.stderr
