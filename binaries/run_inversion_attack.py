@@ -101,6 +101,20 @@ def _read_run(path: str, algorithm: str) -> dict:
   return definition
 
 
+def _check_rounds(run_dir: str, name: str, rounds: list[int]) -> None:
+  """Refuses, before any work, a round R whose previous state (the save
+  of round R - 1) the run does not keep."""
+  from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
+  kept = checkpoint.Checkpoints(os.path.join(run_dir, 'checkpoints'),
+                                ).kept_rounds()
+  missing = [r for r in rounds if r > 1 and r - 1 not in kept]
+  if missing:
+    raise app.UsageError(
+        f'--rounds: round {missing[0]} needs the state after round '
+        f'{missing[0] - 1}, which --{name}={run_dir} does not keep (its '
+        f'checkpoints: rounds {kept}; round 1 needs none)')
+
+
 def _check_flags() -> list[int]:
   common.at_least(1, 'num_images', 'iterations', 'latent_iterations',
                   'latent_restarts', 'shadow_epochs', 'aux_size')
@@ -197,6 +211,9 @@ def main(argv):
   fedcg_run = _read_run(FLAGS.run_dir, 'fedcg')
   fedavg_run = (_read_run(FLAGS.fedavg_run_dir, 'fedavg')
                 if FLAGS.fedavg_run_dir else None)
+  _check_rounds(FLAGS.run_dir, 'run_dir', rounds)
+  if fedavg_run is not None:
+    _check_rounds(FLAGS.fedavg_run_dir, 'fedavg_run_dir', rounds)
   if os.path.exists(FLAGS.output_dir) and not os.path.isdir(FLAGS.output_dir):
     raise app.UsageError(f'--output_dir {FLAGS.output_dir!r} is a file')
 

@@ -228,7 +228,11 @@ def test_dp_fedcg_noises_and_clips_each_part_of_each_upload(process,
     np.testing.assert_allclose(flat(getattr(exact, name)), plain, rtol=1e-5,
                                atol=1e-5)
     residual = flat(getattr(noised, name)) - plain
-    assert np.std(residual) == pytest.approx(0.2 / np.sqrt(2), rel=0.05), name
+    # Four standard errors of a std estimated from this many draws (the
+    # 240 teacher logits of TINY: 18%), far from sigma or sigma / 2.
+    tolerance = 4 / np.sqrt(2 * residual.size)
+    assert np.std(residual) == pytest.approx(0.2 / np.sqrt(2),
+                                             rel=tolerance), name
   # Clipped part by part: G and C to 1, the logits to 3 (each client's part
   # at most that norm, so their mean too; the logits' norm is far above 3).
   clipped = mean(0.0, 1.0, 3.0)

@@ -1,7 +1,5 @@
-"""Model inversion through the generator (privacy/inversion_tf.py) and its
-binary on tiny data."""
-
-import json
+"""Model inversion through the generator (privacy/inversion_tf.py). The
+binary runs on run_fedcg_test.py's tiny FedCG run (one run for both)."""
 
 import numpy as np
 import pytest
@@ -11,8 +9,6 @@ from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.privacy import dlg_tf
 from fedcg_tff.privacy import inversion_tf as inv
-from tests import binary_runs
-from tests import fake_data
 
 CONFIG = FedCGConfig()
 RANGE = (-1.0, 1.0)
@@ -115,42 +111,3 @@ def test_class_references_score_against_the_class_mean_and_nearest():
   assert refs['psnr_nearest'][0] == dlg_tf.PSNR_CAP_DB  # Equals image 2.
   assert refs['psnr_class_mean'][0] == pytest.approx(
       10 * np.log10(1 / 0.1**2))
-
-
-def test_binary_attacks_a_tiny_fedcg_run_and_reports_every_row(tmp_path):
-  data = tmp_path / 'data'
-  data.mkdir()
-  fake_data.write_fake_fmnist(str(data), n_train=200, n_test=40)
-  run = tmp_path / 'fedcg'
-  common = [f'--data_dir={data}', '--num_clients=2', '--train_per_client=16',
-            '--local_epochs=1', '--rounds=2']
-  done = binary_runs.run_binary('run_fedcg', [
-      f'--output_dir={run}', *common, '--gan_epochs=1', '--server_epochs=1',
-      '--server_steps_per_epoch=2'], timeout=600)
-  assert done.returncode == 0, done.stderr[-3000:]
-  out = tmp_path / 'inversion'
-  done = binary_runs.run_binary('run_inversion_attack', [
-      f'--run_dir={run}', '--rounds=1,2', '--num_images=2',
-      '--iterations=5', '--latent_iterations=5', '--latent_restarts=1',
-      '--shadow_epochs=1', '--aux_size=40', f'--output_dir={out}'],
-      timeout=600)
-  assert done.returncode == 0, done.stderr[-3000:]
-  summary = json.loads((out / 'inversion.json').read_text())
-  rows = {(r['round'], r['extractor'], r['target']) for r in summary['rows']}
-  assert rows == {(r, e, t) for r in (1, 2)
-                  for e in ('true', 'own', 'disjoint', 'shifted')
-                  for t in ('features', 'fitted', 'sampled')}
-  assert all(len(r['psnr']) == 2 for r in summary['rows'])
-  # Round 2 was recomputed from the save of round 1 and checked against the
-  # run's own save of round 2: far closer to it than to round 1's E_i.
-  check = summary['replay_check']['2']
-  assert check['replay_to_saved'] < 0.05 * check['round_change'], check
-  table = (out / 'inversion.md').read_text()
-  assert '| 2 | fedcg | true E_i (upper bound) | E_i(x) (upper bound) |' in table
-  assert (out / 'grid_round_2.png').stat().st_size > 1000
-  # A round whose previous state is not kept is refused, naming the flag.
-  done = binary_runs.run_binary('run_inversion_attack', [
-      f'--run_dir={run}', '--rounds=9', '--aux_size=40',
-      f'--output_dir={tmp_path / "x"}'],
-      timeout=600)
-  assert done.returncode != 0 and '--rounds: round 9 needs' in done.stderr

@@ -246,13 +246,21 @@ def fedavg_run(data_dir, tmp_path_factory):
   return whole, stdout
 
 
-def test_tiny_fedcg_run_end_to_end(data_dir, tmp_path):
-  """The one FedCG binary run: progress, table, files, reproducibility of
-  its first round, and no worker left behind."""
-  out = tmp_path / 'fedcg'
+@pytest.fixture(scope='module')
+def fedcg_run(data_dir, tmp_path_factory):
+  """The one FedCG binary run (4 tiny rounds), shared by the tests of its
+  output and of the inversion attack on it."""
+  out = tmp_path_factory.mktemp('fedcg') / 'fedcg'
   rc, stdout, err, workers = _run([f'--output_dir={out}',
                                    f'--data_dir={data_dir}', *_TINY_RUN])
   assert rc == 0, err[-3000:]
+  return out, stdout, workers
+
+
+def test_tiny_fedcg_run_end_to_end(fedcg_run):
+  """The one FedCG binary run: progress, table, files, reproducibility of
+  its first round, and no worker left behind."""
+  out, stdout, workers = fedcg_run
   assert workers and _gone(workers)
   assert 'round 1/4' in stdout and 'round 4/4' in stdout and 'ETA' in stdout
   assert 'task fmnist: 2 clients' in stdout  # The task's description.
@@ -271,6 +279,41 @@ def test_tiny_fedcg_run_end_to_end(data_dir, tmp_path):
     assert rows[0][key] != ''
   assert any(f.startswith('events.out.tfevents')
              for f in os.listdir(out / 'tensorboard'))
+
+
+def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
+  """binaries/run_inversion_attack.py after rounds 1 and 4 of the run
+  above: every row, the replay check, the report; a round whose previous
+  state is not kept is refused before any work."""
+  run, _, _ = fedcg_run
+  out = tmp_path / 'inversion'
+  done = binary_runs.run_binary('run_inversion_attack', [
+      f'--run_dir={run}', '--rounds=1,4', '--num_images=2',
+      '--iterations=5', '--latent_iterations=5', '--latent_restarts=1',
+      '--shadow_epochs=1', '--aux_size=24', f'--output_dir={out}'],
+      timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  summary = json.loads((out / 'inversion.json').read_text())
+  rows = {(r['round'], r['extractor'], r['target']) for r in summary['rows']}
+  assert rows == {(r, e, t) for r in (1, 4)
+                  for e in ('true', 'own', 'disjoint', 'shifted')
+                  for t in ('features', 'fitted', 'sampled')}
+  assert all(len(r['psnr']) == 2 for r in summary['rows'])
+  # Round 4 was recomputed from the save of round 3 and checked against the
+  # run's own save of round 4: far closer to it than to round 3's E_i (a
+  # replay on another round's data is not).
+  check = summary['replay_check']['4']
+  assert check['replay_to_saved'] < 0.05 * check['round_change'], check
+  table = (out / 'inversion.md').read_text()
+  assert '| 4 | fedcg | true E_i (upper bound) | E_i(x) (upper bound) |' in table
+  assert (out / 'grid_round_4.png').stat().st_size > 1000
+  done = binary_runs.run_binary('run_inversion_attack', [
+      f'--run_dir={run}', '--rounds=1,9', f'--output_dir={tmp_path / "x"}'],
+      timeout=300)
+  assert done.returncode != 0
+  assert ('--rounds: round 9 needs the state after round 8' in done.stderr
+          and 'rounds [3, 4]' in done.stderr), done.stderr[-2000:]
+  assert not (tmp_path / 'x').exists()
 
 
 def test_two_workers_give_the_same_metrics(fedavg_run, data_dir, tmp_path):

@@ -88,8 +88,12 @@ class Checkpoints:
         directory, prefix='round_', keep_total=keep, keep_first=False)
 
   def latest_round(self) -> int:
-    versions = asyncio.run(self._manager.get_versions())
+    versions = self.kept_rounds()
     return max(versions) if versions else 0
+
+  def kept_rounds(self) -> list[int]:
+    """The completed-round counts of the saves kept, ascending."""
+    return sorted(asyncio.run(self._manager.get_versions()) or [])
 
   def save(self, rounds_done: int, state: dict[str, Any]) -> None:
     asyncio.run(self._manager.save(state, rounds_done))
@@ -135,10 +139,10 @@ class Checkpoints:
     `template`, for tools that inspect a run (nothing is set aside).
     Raises ValueError naming the kept rounds if that save is not kept, and
     `DamagedState` naming its directory if it cannot be read."""
-    versions = asyncio.run(self._manager.get_versions()) or []
+    versions = self.kept_rounds()
     if rounds_done not in versions:
       raise ValueError(f'{self.directory} keeps no save of round '
-                       f'{rounds_done} (kept: {sorted(versions)})')
+                       f'{rounds_done} (kept: {versions})')
     try:
       state = asyncio.run(self._manager.load(rounds_done, template))
     except READ_ERRORS as e:
