@@ -9,7 +9,10 @@ export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 # Workers already running (another job's) are not the suite's.
 before=" $(pgrep -f 'data/worker_binary' | tr '\n' ' ') "
 # Two test processes, one per core of this machine kind (pytest-xdist).
-.venv/bin/python -m pytest -p no:cacheprovider -q -n "${FEDCG_TEST_PROCESSES:-2}" tests "$@"
+# worksteal: a worker that runs out of tests takes pending ones from the
+# other, so the long binary tests do not leave one core idle at the end.
+.venv/bin/python -m pytest -p no:cacheprovider -q -n "${FEDCG_TEST_PROCESSES:-2}" \
+    --dist worksteal tests "$@"
 status=$?
 left=""
 for pid in $(pgrep -f 'data/worker_binary'); do
