@@ -15,6 +15,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import synthetic
 from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.models import layers
@@ -53,11 +54,7 @@ def _cpu_ms_per_step(conv, x, kernel):
 def _gan_epoch_cpu_seconds(repeats=5):
   """Median CPU s of a GAN epoch with our layers and with Keras' own."""
   config = FedCGConfig(local_epochs=1, gan_epochs=1)
-  rng = np.random.default_rng(0)
-  dataset = tf.data.Dataset.from_tensor_slices((
-      rng.normal(size=(2000, 32, 32, 1)).astype(np.float32),
-      rng.integers(0, 10, 2000).astype(np.int32))).batch(
-          config.batch_size).cache()
+  dataset = synthetic.client_dataset(config.batch_size)
   ours = (layers.SpectralNormConv2D.call, layers.SmallConv2DTranspose.call)
 
   def keras_sn_call(layer, inputs, training=None):

@@ -17,29 +17,19 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import synthetic
 from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.execution import devices
 
 REPEATS = 5
-
-
-def host_cpu() -> str:
-  with open('/proc/cpuinfo') as f:
-    for line in f:
-      if line.startswith('model name'):
-        return line.split(':', 1)[1].strip()
-  return 'unknown CPU'
 
 
 def main():
   tf.config.threading.set_intra_op_parallelism_threads(1)
   tf.config.threading.set_inter_op_parallelism_threads(1)
   config = FedCGConfig(local_epochs=1, gan_epochs=1)
-  rng = np.random.default_rng(0)
-  dataset = tf.data.Dataset.from_tensor_slices((
-      rng.normal(size=(2000, 32, 32, 1)).astype(np.float32),
-      rng.integers(0, 10, 2000).astype(np.int32))).batch(
-          config.batch_size).cache()
+  dataset = synthetic.client_dataset(config.batch_size)
   epochs = {}
   for paired in (True, False):
     fedcg_tf.PAIRED_D_PASSES = paired  # Read when the loop is traced.
@@ -64,8 +54,8 @@ def main():
       epoch()
       times[name].append(time.process_time() - start)
   onednn = os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(default)')
-  print(f'{host_cpu()}; TF_ENABLE_ONEDNN_OPTS={onednn}; one epoch of one '
-        f'client, 2000 images, batch 8, one thread; median of {REPEATS} '
+  print(f'{devices.host_cpu()}; TF_ENABLE_ONEDNN_OPTS={onednn}; one epoch '
+        f'of one client, 2000 images, batch 8, one thread; median of {REPEATS} '
         'interleaved runs, CPU seconds:')
   for name, values in times.items():
     print(f'  {name:30s} {np.median(values):6.2f} s  '

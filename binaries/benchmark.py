@@ -42,6 +42,7 @@ from absl import flags
 from absl import logging
 
 from binaries import common
+from fedcg_tff.execution import devices
 from fedcg_tff.execution import runtime
 
 flags.DEFINE_integer('clients', 4, 'Number of FMNIST clients.')
@@ -68,15 +69,6 @@ flags.DEFINE_integer('seed', 1, 'Seed of the data split and the networks.')
 flags.DEFINE_string('json', None, 'Also write the figures to this file.')
 FLAGS = flags.FLAGS
 GOAL_SECONDS = 150  # Issue 17: a full-protocol round on 2 cores.
-
-
-def host_cpu() -> str:
-  """The CPU's model name (as lscpu prints it), for every timing."""
-  with open('/proc/cpuinfo') as f:
-    for line in f:
-      if line.startswith('model name'):
-        return line.split(':', 1)[1].strip()
-  return 'unknown CPU'
 
 
 def peak_flops() -> tuple[float, str]:
@@ -236,7 +228,7 @@ def main(argv):
             'workers': [peak_rss_bytes(p.pid)
                         for p in runtime.worker_processes()]}
   result = {
-      'host': host_cpu(),
+      'host': devices.host_cpu(),
       'flags': {name: FLAGS[name].value for name in (
           'clients', 'train_per_client', 'batch_size', 'local_epochs',
           'gan_epochs', 'server_steps', 'rounds', 'warmup_rounds',

@@ -64,3 +64,13 @@ def scope():
     return contextlib.nullcontext()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   return tf.device(_training_device)
+
+
+def host_cpu() -> str:
+  """The CPU's model name (as lscpu prints it), for every timing: speeds
+  differ between the Intel and AMD hosts of one machine kind."""
+  with open('/proc/cpuinfo') as f:
+    for line in f:
+      if line.startswith('model name'):
+        return line.split(':', 1)[1].strip()
+  return 'unknown CPU'

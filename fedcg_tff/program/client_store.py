@@ -79,30 +79,6 @@ class MemoryClientStore:
     for i, state in zip(ids, states, strict=True):
       self._states[i] = state
 
-  def check(self) -> None:
-    """Reads back every client's newest stored state. One that cannot be
-    read is set aside (`damaged_<file>`, out of the index, nothing deleted)
-    and `checkpoint.DamagedState` names it: its round must be redone from
-    an older checkpoint, against which its older version (or, if it had
-    none, its initial state) is the right one."""
-    for client, versions in sorted(self._versions.items()):
-      if not versions:
-        continue
-      path = self.path(client, versions[-1])
-      try:
-        with np.load(path) as f:
-          checkpoint.unpack({dtype: f[dtype] for dtype in f.files},
-                            self._template)
-      except checkpoint.READ_ERRORS as e:
-        aside = os.path.join(self.directory,
-                             'damaged_' + os.path.basename(path))
-        os.replace(path, aside)
-        version = versions.pop()
-        raise checkpoint.DamagedState(
-            f'client {client}\'s state after round {version} ({path}, set '
-            f'aside as {aside}) is damaged: {checkpoint.describe_error(e)}'
-            ) from e
-
   def discard_after(self, rounds_done: int) -> None:
     del rounds_done  # `restore_all` replaces the states instead.
 
