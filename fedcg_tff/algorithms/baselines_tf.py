@@ -305,8 +305,7 @@ def client_update(nets: PartyNetworks, baseline: Baseline, message: ServerMessag
       seed=state.seed)
   upload = {name: getattr(new_state, name) for name in baseline.shared}
   if baseline.upload_update:
-    upload = {name: tuple(w - b for w, b in zip(upload[name],
-                                                 message.shared[name]))
+    upload = {name: model_weights.update(upload[name], message.shared[name])
               for name in baseline.shared}
   weight = tf.cast(num_examples, tf.float32)
   if message is None:
@@ -421,8 +420,8 @@ def server_update(nets: PartyNetworks, baseline: Baseline, state: ServerState,
   config = nets.config
   shared = averaged
   if baseline.upload_update:  # `averaged` is the mean update.
-    shared = {name: tuple(w + u for w, u in zip(state.shared[name],
-                                                 averaged[name]))
+    shared = {name: model_weights.apply_update(state.shared[name],
+                                               averaged[name])
               for name in baseline.shared}
   generator = state.generator
   optimizer_state = state.optimizer_state

@@ -322,8 +322,10 @@ def client_update(nets: PartyNetworks, message: ServerMessage, state: ClientStat
   )
   if upload_updates:
     upload = attrs.evolve(
-        upload, generator=_minus(upload.generator, message.generator),
-        classifier=_minus(upload.classifier, message.classifier))
+        upload,
+        generator=model_weights.update(upload.generator, message.generator),
+        classifier=model_weights.update(upload.classifier,
+                                        message.classifier))
   metrics = ClientMetrics(num_examples=num_examples, gamma=gamma,
                           cls_loss=cls_loss,
                           dist_loss=dist_loss, d_loss=d_loss, g_loss=g_loss)
@@ -383,10 +385,6 @@ def distill(nets: PartyNetworks, optimizer_state, noise, labels, teacher_logits)
                              (noise, labels), teacher_logits)
 
 
-def _minus(a, b):
-  return tuple(x - y for x, y in zip(a, b))
-
-
 @tf.function
 def server_update(nets: PartyNetworks, state: ServerState, aggregator_state,
                   averaged: ClientUpload, noise, labels, timed: bool = False,
@@ -398,10 +396,10 @@ def server_update(nets: PartyNetworks, state: ServerState, aggregator_state,
   if upload_updates:
     averaged = attrs.evolve(
         averaged,
-        generator=tuple(w + u for w, u in zip(state.generator,
-                                               averaged.generator)),
-        classifier=tuple(w + u for w, u in zip(state.classifier,
-                                                averaged.classifier)))
+        generator=model_weights.apply_update(state.generator,
+                                             averaged.generator),
+        classifier=model_weights.apply_update(state.classifier,
+                                              averaged.classifier))
   stamps = training_tf.Stamps(timed)
   assigned = (model_weights.assign(nets.generator, averaged.generator) +
               model_weights.assign(nets.classifier, averaged.classifier))

@@ -17,6 +17,19 @@ def values(model: tf.keras.Model) -> tuple[tf.Tensor, ...]:
   return tuple(tf.identity(v) for v in model.weights)
 
 
+def update(new: Sequence[tf.Tensor], old: Sequence[tf.Tensor]
+           ) -> tuple[tf.Tensor, ...]:
+  """`new - old`, weight by weight: what a round changed (what clients
+  upload under DP, where updates are clipped and noised)."""
+  return tuple(n - o for n, o in zip(new, old, strict=True))
+
+
+def apply_update(old: Sequence[tf.Tensor], delta: Sequence[tf.Tensor]
+                 ) -> tuple[tf.Tensor, ...]:
+  """`old + delta`, weight by weight: the inverse of `update`."""
+  return tuple(o + d for o, d in zip(old, delta, strict=True))
+
+
 def assign(model: tf.keras.Model, values: Sequence[tf.Tensor]):
   """Assigns `values` (as from `values`) to `model`; returns the ops."""
   if len(values) != len(model.weights):

@@ -115,10 +115,16 @@ def mean_factory(sigma: float, clip: float, num_clients: int
   algorithms' weighted-aggregator slot: the n_i are ignored.
   """
   check_parameters(sigma, clip)
+  return _uniform_mean(LocalGaussianSumQuery(clip, sigma), num_clients)
+
+
+def _uniform_mean(sum_query, num_clients: int
+                  ) -> tff.aggregators.WeightedAggregationFactory:
+  """`sum_query`'s sum over `num_clients` divided by their number, as a
+  `DifferentiallyPrivateFactory` in the weighted-aggregator slot."""
   if num_clients < 1:
     raise ValueError(f'num_clients must be >= 1, got {num_clients}')
-  query = tfp.NormalizedQuery(LocalGaussianSumQuery(clip, sigma),
-                              denominator=float(num_clients))
+  query = tfp.NormalizedQuery(sum_query, denominator=float(num_clients))
   return factory_utils.as_weighted_aggregator(
       tff.aggregators.DifferentiallyPrivateFactory(query))
 
@@ -134,17 +140,12 @@ def fedcg_mean_factory(sigma: float, clip: float, teacher_clip: float,
   Gaussian mechanisms of a client, composed in `fedcg_epsilon`."""
   check_parameters(sigma, clip)
   check_parameters(sigma, teacher_clip)
-  if num_clients < 1:
-    raise ValueError(f'num_clients must be >= 1, got {num_clients}')
   from fedcg_tff.algorithms import fedcg_tf  # pylint: disable=g-import-not-at-top
   parts = fedcg_tf.ClientUpload(
       generator=LocalGaussianSumQuery(clip, sigma),
       classifier=LocalGaussianSumQuery(clip, sigma),
       teacher_logits=LocalGaussianSumQuery(teacher_clip, sigma))
-  query = tfp.NormalizedQuery(nested_query.NestedSumQuery(parts),
-                              denominator=float(num_clients))
-  return factory_utils.as_weighted_aggregator(
-      tff.aggregators.DifferentiallyPrivateFactory(query))
+  return _uniform_mean(nested_query.NestedSumQuery(parts), num_clients)
 
 
 def fedcg_epsilon(sigma: float, clip: float, teacher_clip: float, rounds: int,
