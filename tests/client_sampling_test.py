@@ -420,14 +420,18 @@ def _corrupt(path):
     f.write(bytes(range(256)) * max(1, min(64, size // 512)))
 
 
-@pytest.mark.parametrize('damaged', ['checkpoint', 'client_file'])
+@pytest.mark.parametrize('damaged', ['checkpoint', 'client_file',
+                                     'older_client_file'])
 def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
                                                   damaged):
   """The newest checkpoint's variables, or a client's newest state file, is
   damaged after the run stopped: the rerun names the file and round, sets
-  it aside (nothing deleted), resumes from the round before and ends equal
-  to an uninterrupted run."""
-  num_clients, per_round = 6, 3 if damaged == 'client_file' else None
+  it aside (nothing deleted), resumes from the newest save that does not
+  need it and ends equal to an uninterrupted run. A client not sampled in
+  round 3 whose round-1 or round-2 file is damaged invalidates every kept
+  save (rounds 2 and 3): the run starts over."""
+  num_clients = 6
+  per_round = None if damaged == 'checkpoint' else 3
   val, test = _eval_data(num_clients)
   train = lambda r: _train_data(r, num_clients=num_clients)
 
@@ -444,18 +448,29 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
   if damaged == 'checkpoint':
     bad = tmp_path / 'broken' / 'ckpt' / 'round_3'
     _corrupt(bad / 'variables' / 'variables.data-00000-of-00001')
-  else:
+  elif damaged == 'client_file':
     client = broken.sample_clients(2)[0]
     bad = tmp_path / 'broken' / 'states' / f'client_{client:05d}.r000003.npz'
+    _corrupt(bad)
+  else:
+    newest = {}
+    for path in sorted((tmp_path / 'broken' / 'states').glob('*.npz')):
+      newest[path.name.split('.')[0]] = path  # Sorted: the last is newest.
+    bad = next(p for p in newest.values() if not p.name.endswith('03.npz'))
     _corrupt(bad)
   lines = []
   resumed, result = run(tmp_path / 'broken', 3, lines.append)
   said = '\n'.join(lines)
   assert 'the saved state of round 3 (' in said and ') is damaged' in said
-  assert str(bad) in said and 'resuming after round 2' in said, said
+  assert str(bad) in said, said
   assert os.path.exists(bad.parent / f'damaged_{bad.name}') or os.path.exists(
       tmp_path / 'broken' / 'ckpt' / 'damaged_round_3')
-  assert result.resumed_from == 2 and result.rounds_run == 3
+  if damaged == 'older_client_file':
+    assert 'the run starts over' in said, said
+    assert result.resumed_from == 0 and result.rounds_run == 3
+  else:
+    assert 'resuming after round 2' in said, said
+    assert result.resumed_from == 2 and result.rounds_run == 3
   assert _bytes(resumed.state()) == _bytes(whole.state())
   assert resumed.evaluate(val, test) == whole.evaluate(val, test)
   for key, value in whole_result.tracker.as_arrays().items():

@@ -29,7 +29,16 @@ import tensorflow_federated as tff
 
 
 class DamagedState(Exception):
-  """Saved state that cannot be read back (the message names the file)."""
+  """Saved state that cannot be read back (the message names the file).
+
+  `rounds_done`: the completed rounds the damaged state belongs to, when it
+  is one client's (a client not sampled since round v keeps its state of
+  round v): every checkpoint from that round on needs it, so none of them
+  can be resumed from."""
+
+  def __init__(self, message: str, rounds_done: int | None = None):
+    super().__init__(message)
+    self.rounds_done = rounds_done
 
 
 # What reading a damaged file raises: TF's checksum and format errors
@@ -116,7 +125,13 @@ class Checkpoints:
     is intact the run starts over, saying so.
     """
     versions = asyncio.run(self._manager.get_versions()) or []
+    limit = None  # Saves from this round on need a damaged client state.
     for version in sorted(versions, reverse=True):
+      if limit is not None and version >= limit:
+        aside = self._set_aside(version)
+        log(f'the saved state of round {version} needs a client state of '
+            f'round {limit}, which is damaged; set aside as {aside}')
+        continue
       try:
         state = asyncio.run(self._manager.load(version, template))
         state = tf.nest.map_structure(np.asarray, state)
@@ -124,6 +139,8 @@ class Checkpoints:
         return version
       except READ_ERRORS as e:
         aside = self._set_aside(version)
+        if isinstance(e, DamagedState) and e.rounds_done is not None:
+          limit = min(e.rounds_done, version if limit is None else limit)
         older = [v for v in versions if v < version]
         then = (f'trying the save of round {max(older)}' if older else
                 'no older save is kept')

@@ -212,8 +212,8 @@ class DiskClientStore:
         version = versions.pop()
         raise checkpoint.DamagedState(
             f'client {client}\'s state after round {version} ({path}, set '
-            f'aside as {aside}) is damaged: {checkpoint.describe_error(e)}'
-            ) from e
+            f'aside as {aside}) is damaged: {checkpoint.describe_error(e)}',
+            rounds_done=version) from e
 
   def discard_after(self, rounds_done: int) -> None:
     """Deletes every state newer than `rounds_done` completed rounds: those

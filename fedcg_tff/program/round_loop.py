@@ -220,6 +220,10 @@ def run(algorithm: Algorithm,
       saved.update(state)
 
     rounds_run = checkpoints.resume(template, restore, log)
+    if not rounds_run:
+      # Starting over (also after every save was set aside): the fresh
+      # state, and no client file of an earlier attempt left to load.
+      algorithm.restore(fresh)
     if rounds_run:
       tracker.load_arrays(saved['loop'])
       since_best = int(saved['loop']['since_best'])
