@@ -191,16 +191,24 @@ MAX_SERVER_GIB = 4  # FedDF's server images, as float32 network inputs.
 # Test-only fault injection: FEDCG_TEST_INJECT_NAN=<round>:<client> makes
 # that client's training images NaN in that (1-based) round, so that tests
 # can check how a numerical fault stops a run and how the run resumes.
+# FEDCG_TEST_HOLD_ROUND=<round> makes the run wait (up to 10 minutes) before
+# that round, with the earlier rounds saved, so that a test's signal arrives
+# at a known point however fast the host runs the tiny rounds.
 _INJECT_NAN = 'FEDCG_TEST_INJECT_NAN'
+_HOLD_ROUND = 'FEDCG_TEST_HOLD_ROUND'
 
 
 def _with_injected_fault(train_data_fn):
   spec = os.environ.get(_INJECT_NAN)
-  if not spec:
+  hold = os.environ.get(_HOLD_ROUND)
+  if not spec and not hold:
     return train_data_fn
-  fault_round, fault_client = (int(v) for v in spec.split(':'))
+  fault_round, fault_client = ((int(v) for v in spec.split(':')) if spec
+                               else (None, None))
 
   def train_data(round_num):
+    if hold and round_num + 1 == int(hold):
+      time.sleep(600)
     datasets = train_data_fn(round_num)
     if round_num + 1 == fault_round:
       datasets[fault_client] = datasets[fault_client].map(
@@ -413,6 +421,24 @@ def clipped_counts(csv_path: str) -> dict:
 # --- End of private aggregation ---------------------------------------------
 
 
+def run_definition(config) -> dict:
+  """run.json's content for these flags: the config (with the task's
+  number of classes and channels) and the run flags."""
+  definition = {'config': dataclasses.asdict(config),
+                'run': {name: FLAGS[name].value for name in RUN_FLAGS}}
+  definition['run'].update(client_sampling_definition())
+  definition['run'].update(dp_definition())
+  return definition
+
+
+def _print_finished(done: dict) -> None:
+  print(f'{FLAGS.output_dir} already holds this finished run '
+        f'({done["rounds_run"]} rounds): mean test accuracy at best '
+        f'validation {100 * done["mean_test_accuracy_at_best_val"]:.2f}%')
+  print(f'TensorBoard: .venv/bin/tensorboard --logdir '
+        f'{os.path.join(FLAGS.output_dir, "tensorboard")}')
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -421,6 +447,23 @@ def main(argv):
   _check_clients_per_round_flag()
   _check_worker_flags()
   _check_dp_flags()
+  # A finished run in --output_dir is reported, or refused for other flags,
+  # before TensorFlow is imported. What the data decides (classes,
+  # channels) is taken from the stored run: the task's flags are compared.
+  from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
+
+  def from_stored(stored):
+    task_shape = {k: stored.get('config', {}).get(k)
+                  for k in ('num_classes', 'image_channels')}
+    return run_definition(dataclasses.replace(config, **task_shape))
+
+  try:
+    done = run_record.finished_run(FLAGS.output_dir, from_stored)
+  except (FileExistsError, OSError, ValueError) as e:
+    raise app.UsageError(str(e)) from None
+  if done is not None:
+    _print_finished(done)
+    return
   configure_device()
 
   # Imports that start TensorFlow come after flag checks: bad flags fail fast.
@@ -436,23 +479,15 @@ def main(argv):
   pool = common.worker_pool()
   config = dataclasses.replace(config, num_classes=task.num_classes,
                                image_channels=task.channels)
-  definition = {'config': dataclasses.asdict(config),
-                'run': {name: FLAGS[name].value for name in RUN_FLAGS}}
-  definition['run'].update(client_sampling_definition())
-  definition['run'].update(dp_definition())
   try:
-    resuming = run_files.prepare_output_dir(FLAGS.output_dir, definition)
-  except (FileExistsError, OSError) as e:
+    resuming = run_record.prepare_output_dir(FLAGS.output_dir,
+                                             run_definition(config))
+  except (FileExistsError, OSError, ValueError) as e:
     raise app.UsageError(str(e)) from None
-  results_path = os.path.join(FLAGS.output_dir, 'results.json')
-  if resuming and os.path.exists(results_path):
+  results_path = os.path.join(FLAGS.output_dir, run_record.RESULTS_FILE)
+  if resuming and os.path.exists(results_path):  # Finished meanwhile.
     with open(results_path) as f:
-      done = json.load(f)
-    print(f'{FLAGS.output_dir} already holds this finished run '
-          f'({done["rounds_run"]} rounds): mean test accuracy at best '
-          f'validation {100 * done["mean_test_accuracy_at_best_val"]:.2f}%')
-    print(f'TensorBoard: .venv/bin/tensorboard --logdir '
-          f'{os.path.join(FLAGS.output_dir, "tensorboard")}')
+      _print_finished(json.load(f))
     return
 
   runtime.set_local_cpp_context(FLAGS.max_concurrent_clients)
@@ -509,7 +544,7 @@ def main(argv):
   if FLAGS.aggregation == 'secure':
     summary['aggregation'] = 'secure'
     summary['secure_clipped'] = clipped_counts(writer.csv_path)
-  run_files.write_json_atomically(results_path, summary)
+  run_record.write_json_atomically(results_path, summary)
   resumed = (f', resumed after round {result.resumed_from}'
              if result.resumed_from else '')
   print(f'\nTest accuracy (%) at each client\'s best-validation round, after '

@@ -222,7 +222,7 @@ def main(argv):
   from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import inversion_tf as inv  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.program import run_files  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
   from tasks import fmnist_shift  # pylint: disable=g-import-not-at-top
   from tasks import image_task  # pylint: disable=g-import-not-at-top
 
@@ -374,7 +374,7 @@ def main(argv):
              'reference_psnr': references, 'rows': rows}
   for filename, text in (('inversion.md', markdown),
                          ('inversion.json', json.dumps(summary, indent=1))):
-    run_files.write_text_atomically(
+    run_record.write_text_atomically(
         os.path.join(FLAGS.output_dir, filename), text)
   writer = tf.summary.create_file_writer(
       os.path.join(FLAGS.output_dir, 'tensorboard'))

@@ -247,7 +247,7 @@ def main(argv):
   from fedcg_tff.privacy import dlg_tf  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import driver  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.program import run_files  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
   from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
   from tasks import image_task  # pylint: disable=g-import-not-at-top
   from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
@@ -367,7 +367,7 @@ def main(argv):
   for filename, text in (('privacy.md', markdown),
                          ('privacy.csv', report.privacy_csv(table)),
                          ('privacy.json', json.dumps(summary, indent=1))):
-    run_files.write_text_atomically(
+    run_record.write_text_atomically(
         os.path.join(FLAGS.output_dir, filename), text)
   psnrs = {row.name: row.psnr for row in table}
   grid_path = os.path.join(FLAGS.output_dir, 'reconstructions.png')

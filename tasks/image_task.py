@@ -9,7 +9,10 @@ shuffling, flips and noise are seeded by (task seed, round, client), so a run
 is reproducible and every round sees a different order, flips and noise.
 Each pass over a training dataset (each new iterator) redraws them: the
 passes must be made in a fixed order (fedcg_tff/algorithms/training_tf.py,
-PASS_ORDER_NOTE).
+PASS_ORDER_NOTE). tf.data combines these op seeds with TF's global seed:
+the same order needs the same global seed when the datasets are made (none
+in the binaries, which never set one before; a notebook that calls
+`tf.random.set_seed` gets another, equally reproducible, order).
 """
 
 import collections.abc

@@ -506,19 +506,19 @@ def test_binary_refuses_more_clients_per_round_than_clients(tmp_path):
 def test_binary_samples_dirichlet_clients(tmp_path):
   data = tmp_path / 'idx'
   data.mkdir()
-  fake_data.write_fake_fmnist(str(data), n_train=1000, n_test=1000)
+  fake_data.write_fake_fmnist(str(data), n_train=500, n_test=500)
   out = tmp_path / 'out'
   args = [f'--output_dir={out}', f'--data_dir={data}', '--algorithm=fedavg',
-          '--num_clients=40', '--train_per_client=20',
+          '--num_clients=20', '--train_per_client=20',
           '--partition=dirichlet', '--dirichlet_alpha=5', '--batch_size=4',
           '--local_epochs=1', '--rounds=2', '--seed=3']
-  rc, stdout, err = _run_binary([*args, '--clients_per_round=10'])
+  rc, stdout, err = _run_binary([*args, '--clients_per_round=5'])
   assert rc == 0, err[-3000:]
-  assert 'task fmnist: 40 clients' in stdout and 'round 2/2' in stdout
+  assert 'task fmnist: 20 clients' in stdout and 'round 2/2' in stdout
   definition = json.loads((out / 'run.json').read_text())
-  assert definition['run']['clients_per_round'] == 10
+  assert definition['run']['clients_per_round'] == 5
   # Files for the clients the two rounds sampled, and only theirs.
-  sampled = [client_store.sample_clients(3, r, 40, 10) for r in range(2)]
+  sampled = [client_store.sample_clients(3, r, 20, 5) for r in range(2)]
   files = os.listdir(out / 'client_states')
   assert {int(f[len('client_'):len('client_') + 5]) for f in files} == (
       set(sampled[0]) | set(sampled[1]))
@@ -527,14 +527,14 @@ def test_binary_samples_dirichlet_clients(tmp_path):
   assert len(rows) == 2
   for row, ids in zip(rows, sampled):
     # Every client is evaluated every round; only the sampled ones trained.
-    assert all(row[f'client_{i}/val_accuracy'] != '' for i in range(40))
-    trained = {i for i in range(40) if row.get(f'client_{i}/cls_loss')}
+    assert all(row[f'client_{i}/val_accuracy'] != '' for i in range(20))
+    trained = {i for i in range(20) if row.get(f'client_{i}/cls_loss')}
     assert trained == set(ids)
   results = json.loads((out / 'results.json').read_text())
-  assert len(results['test_accuracy_at_best_val']) == 40
+  assert len(results['test_accuracy_at_best_val']) == 20
   # Resuming with another sample size is refused, naming the flag.
-  rc, _, err = _run_binary([*args, '--clients_per_round=20'], timeout=120)
-  assert rc != 0 and '--clients_per_round: stored 10, given 20' in err
+  rc, _, err = _run_binary([*args, '--clients_per_round=10'], timeout=120)
+  assert rc != 0 and '--clients_per_round: stored 5, given 10' in err
 
 
 if __name__ == '__main__':

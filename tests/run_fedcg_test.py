@@ -32,7 +32,12 @@ def _run(args, timeout=600):
 
 def _main(args):
   """`run_fedcg.main` in this process with these flags; returns the usage
-  error it stops with (None if it ran through)."""
+  error or exit message it stops with (None if it ran through).
+
+  TF's global seed is cleared first, as in a fresh `run_fedcg` process:
+  tf.data's seeded shuffles depend on it, and earlier tests in this
+  process may have set it (tasks/image_task.py)."""
+  tf.random.set_seed(None)
   with flagsaver.flagsaver():
     flags.FLAGS.unparse_flags()
     try:
@@ -40,6 +45,8 @@ def _main(args):
       run_fedcg.main(argv)
     except (app.UsageError, flags.Error) as e:
       return str(e)
+    except SystemExit as e:
+      return str(e.code)
   return None
 
 
@@ -316,6 +323,36 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
   assert not (tmp_path / 'x').exists()
 
 
+_WITHOUT_TF = """
+import sys
+from absl import app, flags
+from binaries import run_fedcg
+try:
+  run_fedcg.main(flags.FLAGS(sys.argv))
+except app.UsageError as e:
+  print('refused:', e)
+print('tensorflow imported:', 'tensorflow' in sys.modules)
+"""
+
+
+def test_finished_run_is_reported_or_refused_before_tensorflow(fedavg_run,
+                                                               data_dir):
+  """A rerun of a finished run (what a restarted sweep does for each) and
+  other flags into its directory answer without importing TensorFlow."""
+  whole, _ = fedavg_run
+  written = {p: p.read_bytes() for p in whole.iterdir() if p.is_file()}
+  for extra, answer in (([], 'already holds this finished run (4 rounds)'),
+                        (['--lr=0.001'], 'refused: --output_dir'),
+                        (['--num_clients=3'], '--num_clients: stored 2')):
+    done = subprocess.run(
+        [sys.executable, '-c', _WITHOUT_TF, f'--output_dir={whole}',
+         f'--data_dir={data_dir}', *_FEDAVG_RUN, *extra],
+        cwd=binary_runs.ROOT, capture_output=True, text=True, timeout=60)
+    assert answer in done.stdout, done.stdout + done.stderr[-2000:]
+    assert 'tensorflow imported: False' in done.stdout
+  assert written == {p: p.read_bytes() for p in whole.iterdir() if p.is_file()}
+
+
 def test_two_workers_give_the_same_metrics(fedavg_run, data_dir, tmp_path):
   """Also: the run leaves none of its workers behind."""
   whole, _ = fedavg_run
@@ -346,31 +383,33 @@ def _wait_for(path, proc, timeout=300):
 
 
 def test_killed_run_resumes_to_the_uninterrupted_result(fedavg_run, data_dir,
-                                                        tmp_path, capsys):
+                                                        tmp_path, capfd,
+                                                        monkeypatch):
   whole, _ = fedavg_run
   args = [f'--data_dir={data_dir}', *_FEDAVG_RUN]
   broken = tmp_path / 'broken'
-  proc = _start(broken, args)
+  proc = _start(broken, args, env={'FEDCG_TEST_HOLD_ROUND': '3'})
   _wait_for(broken / 'checkpoints' / 'round_2', proc)
   os.killpg(proc.pid, signal.SIGKILL)  # Power loss: no handler runs.
   proc.communicate()
   assert not (broken / 'results.json').exists()
 
-  # The resumed run meets a NaN in client 1's round-3 data: it stops naming
+  # The resumed run (in this process from here on: the rest is not about
+  # processes) meets a NaN in client 1's round-3 data: it stops naming
   # round, client and quantity, with rounds 1-2 still saved.
-  proc = _start(broken, args, env={'FEDCG_TEST_INJECT_NAN': '3:1'})
-  _, err = proc.communicate(timeout=300)
-  assert proc.returncode != 0
-  assert 'round 3, client 1: cls_loss is nan' in err, err[-2000:]
-  assert 'resumes after round 2' in err
+  monkeypatch.setenv('FEDCG_TEST_INJECT_NAN', '3:1')
+  error = _main([f'--output_dir={broken}', *args])
+  monkeypatch.delenv('FEDCG_TEST_INJECT_NAN')
+  assert 'round 3, client 1: cls_loss is nan' in error, error
+  assert 'resumes after round 2' in error
   assert sorted(os.listdir(broken / 'checkpoints'))[-1] == 'round_2'
   assert [r['round'] for r in _metrics_without_timing(broken)] == ['1', '2']
   assert not (broken / 'results.json').exists()
 
   # Without the fault it resumes after round 2 to the uninterrupted result.
-  rc, stdout, err, _ = _run([f'--output_dir={broken}', *args])
-  assert rc == 0, err[-3000:]
-  assert 'resuming after round 2' in stdout
+  capfd.readouterr()
+  assert _main([f'--output_dir={broken}', *args]) is None
+  assert 'resuming after round 2' in capfd.readouterr().out
   _assert_same_run(broken, whole)
   # TensorBoard holds every round once.
   steps = []
@@ -379,23 +418,15 @@ def test_killed_run_resumes_to_the_uninterrupted_result(fedavg_run, data_dir,
     steps += [e.step for e in tf.compat.v1.train.summary_iterator(path)
               for v in e.summary.value if v.tag == 'mean/val_accuracy']
   assert sorted(steps) == [1, 2, 3, 4]
-  # Rerunning a finished run does nothing and says so; other flags into the
-  # same directory are refused, naming the flag (both checked in-process,
-  # as the binary runs them before any training).
-  written = {name: (broken / name).read_bytes()
-             for name in ('run.json', 'results.json', 'metrics.csv')}
-  capsys.readouterr()
-  assert _main([f'--output_dir={broken}', *args]) is None
-  assert 'already holds this finished run' in capsys.readouterr().out
-  error = _main([f'--output_dir={broken}', *args, '--lr=0.001'])
-  assert '--lr: stored 0.0003, given 0.001' in error
-  assert written == {name: (broken / name).read_bytes() for name in written}
+  # Rerunning it, or other flags into it: test_finished_run_is_reported_or_
+  # refused_before_tensorflow.
 
 
 def test_sigterm_stops_promptly_leaving_no_child(data_dir, tmp_path):
   """(Resuming is the same as after the SIGKILL above.)"""
   termed = tmp_path / 'termed'
-  proc = _start(termed, [f'--data_dir={data_dir}', *_FEDAVG_RUN])
+  proc = _start(termed, [f'--data_dir={data_dir}', *_FEDAVG_RUN],
+                env={'FEDCG_TEST_HOLD_ROUND': '2'})
   _wait_for(termed / 'checkpoints' / 'round_1', proc)
   children = psutil.Process(proc.pid).children(recursive=True)
   assert children  # TFF's worker.

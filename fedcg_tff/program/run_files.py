@@ -1,10 +1,10 @@
-"""What a run leaves in its output directory besides checkpoints: each
-round's scalars (TensorBoard and CSV, through `tff.program` release
-managers), `run.json` (what defines the run) and JSON written atomically."""
+"""Each round's scalars, as a run writes them to its output directory
+(TensorBoard and CSV, through `tff.program` release managers). What defines
+the run (`run.json`) and atomic writes are in `run_record`, which needs no
+TensorFlow."""
 
 import asyncio
 import csv
-import json
 import os
 import shutil
 
@@ -73,64 +73,3 @@ class MetricsWriter:
              if k != 'round' and v != ''}, key=int(row['round']))
 
     asyncio.run(replay())
-
-
-RUN_FILE = 'run.json'  # What defines the run in a directory: see below.
-
-
-def write_text_atomically(path: str, text: str) -> None:
-  """Writes `text` to a temporary file and renames it over `path`, so a
-  crash never leaves a half-written file."""
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w') as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
-def write_json_atomically(path: str, value) -> None:
-  """`value` as indented JSON, written as `write_text_atomically` does."""
-  write_text_atomically(path, json.dumps(value, indent=2, default=str))
-
-
-def prepare_output_dir(output_dir: str, run_definition: dict) -> bool:
-  """Creates `output_dir` for a run, or accepts it for resuming.
-
-  `run_definition` (JSON-able: the flags that decide the results) is written
-  to `<output_dir>/run.json`. A directory that already holds a run is
-  accepted only if its definition is the same (the run then resumes, or is
-  already finished); one with another definition, or with files that are
-  not a run's, is refused with the differences named. Returns True if the
-  directory already held this run.
-  """
-  path = os.path.join(output_dir, RUN_FILE)
-  if os.path.isdir(output_dir) and os.listdir(output_dir):
-    if not os.path.exists(path):
-      raise FileExistsError(
-          f'--output_dir {output_dir!r} is not empty and holds no {RUN_FILE}: '
-          'choose a new directory so that nothing there is overwritten')
-    with open(path) as f:
-      stored = json.load(f)
-    normalise = lambda d: json.loads(json.dumps(d, default=str))
-    if normalise(stored) != normalise(run_definition):
-      raise FileExistsError(
-          f'--output_dir {output_dir!r} holds a run with other flags '
-          f'({_differences(normalise(stored), normalise(run_definition))}); '
-          'rerun with the same flags to resume it, or choose a new directory')
-    return True
-  os.makedirs(output_dir, exist_ok=True)
-  write_json_atomically(path, run_definition)
-  return False
-
-
-def _differences(stored: dict, wanted: dict) -> str:
-  """'--name: stored x, given y' for each differing (nested) entry."""
-  out = []
-  for key in sorted(set(stored) | set(wanted)):
-    a, b = stored.get(key), wanted.get(key)
-    if isinstance(a, dict) and isinstance(b, dict):
-      inner = _differences(a, b)
-      if inner:
-        out.append(inner)
-    elif a != b:
-      out.append(f'--{key}: stored {a!r}, given {b!r}')
-  return '; '.join(out)

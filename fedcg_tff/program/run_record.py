@@ -1,0 +1,97 @@
+"""A run's output directory before any training: `run.json` (the flags
+that decide the results), whether the directory already holds this run or a
+finished one, and files written atomically.
+
+Plain Python, no TensorFlow: a binary asked to rerun a finished run, or to
+put other flags into a run's directory, answers in well under a second
+instead of after TensorFlow's import (a sweep restarted over finished runs
+passes over them at once)."""
+
+import json
+import os
+
+RUN_FILE = 'run.json'  # What defines the run in a directory: see below.
+RESULTS_FILE = 'results.json'  # Written when a run has finished.
+
+
+def write_text_atomically(path: str, text: str) -> None:
+  """Writes `text` to a temporary file and renames it over `path`, so a
+  crash never leaves a half-written file."""
+  tmp = f'{path}.tmp'
+  with open(tmp, 'w') as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def write_json_atomically(path: str, value) -> None:
+  """`value` as indented JSON, written as `write_text_atomically` does."""
+  write_text_atomically(path, json.dumps(value, indent=2, default=str))
+
+
+def prepare_output_dir(output_dir: str, run_definition: dict) -> bool:
+  """Creates `output_dir` for a run, or accepts it for resuming.
+
+  `run_definition` (JSON-able: the flags that decide the results) is written
+  to `<output_dir>/run.json`. A directory that already holds a run is
+  accepted only if its definition is the same (the run then resumes, or is
+  already finished); one with another definition, or with files that are
+  not a run's, is refused with the differences named. Returns True if the
+  directory already held this run.
+  """
+  path = os.path.join(output_dir, RUN_FILE)
+  if os.path.isdir(output_dir) and os.listdir(output_dir):
+    if not os.path.exists(path):
+      raise FileExistsError(
+          f'--output_dir {output_dir!r} is not empty and holds no {RUN_FILE}: '
+          'choose a new directory so that nothing there is overwritten')
+    stored = _load(path)
+    normalise = lambda d: json.loads(json.dumps(d, default=str))
+    if normalise(stored) != normalise(run_definition):
+      raise FileExistsError(
+          f'--output_dir {output_dir!r} holds a run with other flags '
+          f'({_differences(normalise(stored), normalise(run_definition))}); '
+          'rerun with the same flags to resume it, or choose a new directory')
+    return True
+  os.makedirs(output_dir, exist_ok=True)
+  write_json_atomically(path, run_definition)
+  return False
+
+
+def _differences(stored: dict, wanted: dict) -> str:
+  """'--name: stored x, given y' for each differing (nested) entry."""
+  out = []
+  for key in sorted(set(stored) | set(wanted)):
+    a, b = stored.get(key), wanted.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      inner = _differences(a, b)
+      if inner:
+        out.append(inner)
+    elif a != b:
+      out.append(f'--{key}: stored {a!r}, given {b!r}')
+  return '; '.join(out)
+
+
+def finished_run(output_dir: str, run_definition) -> dict | None:
+  """The results of the finished run `output_dir` holds, if it holds one.
+
+  `run_definition(stored)` gives the definition of the run the flags ask
+  for, from the stored one (for entries the flags alone do not give, such
+  as those read from the data). A finished run with another definition is
+  refused as `prepare_output_dir` refuses it; None when the directory holds
+  no finished run (nothing there, or a run to resume).
+  """
+  path = os.path.join(output_dir, RUN_FILE)
+  results = os.path.join(output_dir, RESULTS_FILE)
+  if not (os.path.exists(path) and os.path.exists(results)):
+    return None
+  prepare_output_dir(output_dir, run_definition(_load(path)))
+  return _load(results)
+
+
+def _load(path: str) -> dict:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError as e:
+    raise ValueError(f'{path} is not valid JSON ({e}): restore it, or '
+                     'choose a new --output_dir') from None
