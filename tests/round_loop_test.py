@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from fedcg_tff.program import checkpoint
 from fedcg_tff.program import round_loop
+from fedcg_tff.program import run_record
 from fedcg_tff.program import run_files
 
 
@@ -89,16 +90,16 @@ def test_run_without_early_stop_runs_max_rounds():
 def test_prepare_output_dir_refuses_foreign_or_different_runs(tmp_path):
   (tmp_path / 'metrics.csv').write_text('round\n0\n')
   with pytest.raises(FileExistsError, match='--output_dir.*holds no run.json'):
-    run_files.prepare_output_dir(str(tmp_path), {'run': {'rounds': 3}})
+    run_record.prepare_output_dir(str(tmp_path), {'run': {'rounds': 3}})
   assert (tmp_path / 'metrics.csv').read_text() == 'round\n0\n'
   new = tmp_path / 'new'
   definition = {'config': {'lr': 0.001}, 'run': {'rounds': 3}}
-  assert not run_files.prepare_output_dir(str(new), definition)
+  assert not run_record.prepare_output_dir(str(new), definition)
   assert json.loads((new / 'run.json').read_text()) == definition
-  assert run_files.prepare_output_dir(str(new), definition)  # Resumable.
+  assert run_record.prepare_output_dir(str(new), definition)  # Resumable.
   with pytest.raises(FileExistsError,
                      match=r'--lr: stored 0.001, given 0.01.*same flags'):
-    run_files.prepare_output_dir(
+    run_record.prepare_output_dir(
         str(new), {'config': {'lr': 0.01}, 'run': {'rounds': 3}})
   assert json.loads((new / 'run.json').read_text()) == definition
 
@@ -151,6 +152,34 @@ def test_run_resumes_from_checkpoints(tmp_path):
                          max_rounds=6, patience=9, log=lambda _: None,
                          checkpoints=checkpoints)
   assert third.rounds == [] and again.rounds_run == 6
+
+
+def test_resume_sets_aside_only_what_is_damaged(tmp_path):
+  """A save `restore` finds damaged (DamagedState) is set aside and the
+  older one restored; any other error of `restore` is a bug of the caller:
+  it propagates and every save stays where it was."""
+  checkpoints = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
+  algo = _ScriptedAlgorithm([[0.1], [0.2]], [[0.1], [0.2]])
+  round_loop.run(algo, lambda r: [r], [None], [None], max_rounds=2,
+                 patience=9, log=lambda _: None, checkpoints=checkpoints)
+  template = round_loop._checkpoint_template(algo.state(), 1)  # pylint: disable=protected-access
+
+  def buggy(rounds_done, state):
+    raise ValueError('a bug in restore')
+
+  with pytest.raises(ValueError, match='a bug in restore'):
+    checkpoints.resume(template, buggy, log=lambda _: None)
+  assert checkpoints.kept_rounds() == [1, 2]
+
+  def client_file_damaged_in_round_2(rounds_done, state):
+    if rounds_done == 2:
+      raise checkpoint.DamagedState('client 0\'s file of round 2')
+
+  lines = []
+  assert checkpoints.resume(template, client_file_damaged_in_round_2,
+                            log=lines.append) == 1
+  assert checkpoints.kept_rounds() == [1]
+  assert "client 0's file of round 2" in lines[0]
 
 
 def test_non_finite_values_stop_the_run_naming_them(tmp_path):

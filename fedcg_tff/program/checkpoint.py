@@ -118,11 +118,13 @@ class Checkpoints:
 
     `template` has the saved state's structure (any values); `restore(
     rounds_done, state)` applies a loaded state and raises `DamagedState`
-    (or a read error) if what it needs beside the checkpoint, such as
-    client-state files, is damaged for that round. A save that cannot be
-    read or restored is set aside as `damaged_round_<n>` (nothing is
+    if what it needs beside the checkpoint, such as client-state files, is
+    damaged for that round. A save that cannot be read, or that `restore`
+    finds damaged, is set aside as `damaged_round_<n>` (nothing is
     deleted), named in a message, and the next older one is tried; if none
-    is intact the run starts over, saying so.
+    is intact the run starts over, saying so. Any other error of `restore`
+    is a fault of the caller, not of the save: it propagates, with the save
+    left in place.
     """
     versions = asyncio.run(self._manager.get_versions()) or []
     limit = None  # Saves from this round on need a damaged client state.
@@ -135,17 +137,22 @@ class Checkpoints:
       try:
         state = asyncio.run(self._manager.load(version, template))
         state = tf.nest.map_structure(np.asarray, state)
-        restore(version, state)
-        return version
       except READ_ERRORS as e:
-        aside = self._set_aside(version)
-        if isinstance(e, DamagedState) and e.rounds_done is not None:
-          limit = min(e.rounds_done, version if limit is None else limit)
-        older = [v for v in versions if v < version]
-        then = (f'trying the save of round {max(older)}' if older else
-                'no older save is kept')
-        log(f'the saved state of round {version} ({self.path(version)}) is '
-            f'damaged ({describe_error(e)}); set aside as {aside}; {then}')
+        error = e
+      else:
+        try:
+          restore(version, state)
+          return version
+        except DamagedState as e:
+          error = e
+      aside = self._set_aside(version)
+      if isinstance(error, DamagedState) and error.rounds_done is not None:
+        limit = min(error.rounds_done, version if limit is None else limit)
+      older = [v for v in versions if v < version]
+      then = (f'trying the save of round {max(older)}' if older else
+              'no older save is kept')
+      log(f'the saved state of round {version} ({self.path(version)}) is '
+          f'damaged ({describe_error(error)}); set aside as {aside}; {then}')
     if versions:
       log('no intact saved state: the run starts over from round 1')
     return 0
