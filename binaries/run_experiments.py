@@ -7,14 +7,16 @@ Figure 5 from the results.
 
 Each run is `binaries.run_fedcg` in its own process (started in this
 process's working directory, so relative paths in --run_flags mean the same),
-writing to `<output_dir>/<task>/<algorithm>/seed_<seed>`. `run_fedcg` itself
+writing to `<output_dir>/<task>/<algorithm>/seed_<seed>` (without the
+`<task>` level under --notask_dirs). `run_fedcg` itself
 skips a finished run, resumes an unfinished one from its last completed
 round and refuses a directory that holds a run with other flags, so
 rerunning the same command after an interruption continues the sweep, and
 a changed --run_flags cannot mix old results into the table. Then
 `results.md` and `results.csv` (mean ± std over seeds of the mean over
 clients of the test accuracy at each client's best-validation round), one
-`curves_<task>.png` per task (mean validation and test accuracy against
+`paper_<task>.md` per task the paper's Table 1 has (ours beside the
+paper's, with each run's rounds and time), one `curves_<task>.png` per task (mean validation and test accuracy against
 round, averaged over seeds), one `gain_<task>.png` per task (per-client gain over Local, like the paper's
 Figure 5; needs `local` in --algorithms) and the same charts as TensorBoard
 images in `<output_dir>/tensorboard` are written. `--report_only` writes
@@ -39,6 +41,10 @@ flags.DEFINE_string('run_flags', '', 'Further flags for every run, e.g. '
                     '"--rounds=10 --local_epochs=1 --data_dir=..."')
 flags.DEFINE_string('output_dir', None, 'Directory of the sweep.')
 flags.mark_flag_as_required('output_dir')
+flags.DEFINE_bool('task_dirs', True, 'Runs under <output_dir>/<task>/'
+                  '<algorithm>/seed_<seed>; --notask_dirs (one task only) '
+                  'drops the <task> level, as results/fmnist_paper_protocol/ '
+                  'does.')
 flags.DEFINE_bool('report_only', False, 'Run nothing: write the reports '
                   'from the runs already in --output_dir (their results.json '
                   'and metrics.csv suffice, e.g. committed results).')
@@ -59,6 +65,9 @@ def _check_flags() -> tuple[list[int], list[str]]:
                          ) from None
   if not seeds or len(set(seeds)) != len(seeds):
     raise app.UsageError(f'--seeds must be distinct integers, got {seeds}')
+  if not FLAGS.task_dirs and len(FLAGS.tasks) != 1:
+    raise app.UsageError(f'--notask_dirs needs one task, got --tasks='
+                         f'{",".join(FLAGS.tasks)}')
   extra = shlex.split(FLAGS.run_flags)
   for flag in extra:
     name = flag.lstrip('-').split('=')[0]
@@ -69,8 +78,9 @@ def _check_flags() -> tuple[list[int], list[str]]:
 
 
 def run_dir(task: str, algorithm: str, seed: int) -> str:
-  return os.path.join(os.path.abspath(FLAGS.output_dir), task, algorithm,
-                      f'seed_{seed}')
+  task_level = (task,) if FLAGS.task_dirs else ()
+  return os.path.join(os.path.abspath(FLAGS.output_dir), *task_level,
+                      algorithm, f'seed_{seed}')
 
 
 def main(argv):
@@ -109,7 +119,7 @@ def write_reports(runs) -> None:
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.program import run_files  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
 
   results = []
   for task, algorithm, seed in runs:
@@ -123,10 +133,17 @@ def write_reports(runs) -> None:
   markdown = report.markdown(rows)
   for name, text in (('results.md', markdown),
                      ('results.csv', report.csv_text(rows))):
-    run_files.write_text_atomically(
+    run_record.write_text_atomically(
         os.path.join(os.path.abspath(FLAGS.output_dir), name), text)
   print('\nTest accuracy (%) at best validation, mean ± std over seeds '
         '(seeds):\n' + markdown)
+  for task in FLAGS.tasks:
+    beside = report.paper_markdown(rows, results, task)
+    if beside:
+      run_record.write_text_atomically(
+          os.path.join(os.path.abspath(FLAGS.output_dir), f'paper_{task}.md'),
+          beside)
+      print(f'Beside the paper\'s Table 1:\n{beside}')
   writer = tf.summary.create_file_writer(
       os.path.join(FLAGS.output_dir, 'tensorboard'))
   for task in FLAGS.tasks:

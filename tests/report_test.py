@@ -48,6 +48,21 @@ def test_table_is_mean_and_std_over_seeds_of_client_means():
   assert table[3][:4] == ['fedcg', '78.0000', '4.0000', '2']
 
 
+def test_paper_comparison_gives_difference_rounds_and_hours():
+  r = report.RunResult
+  results = [r('fmnist', 'local', 1, (0.80, 0.82), (), 41, True, 3600.0),
+             r('fmnist', 'local', 2, (0.78, 0.80), (), 60, False, 7200.0),
+             r('fmnist', 'fedcg', 1, (0.84, 0.84), (), 60, False, 36000.0),
+             r('cifar10', 'fedcg', 1, (0.40, 0.50))]
+  rows = report.table(results, ['local', 'fedcg'], ['fmnist', 'cifar10'])
+  md = report.paper_markdown(rows, results, 'fmnist')
+  # Local: seed means 81 and 79; the paper's 79.66.
+  assert ('| local | 80.00 ± 1.00 (2) | 79.66 ± 0.55 | +0.34 | seed 1: 41 '
+          '(early stop), 1.0 h; seed 2: 60, 2.0 h |') in md
+  assert '| fedcg | 84.00 ± 0.00 (1) | 83.81 ± 0.28 | +0.19 |' in md
+  assert report.paper_markdown(rows, results, 'cifar10') == ''
+
+
 def test_gains_over_local_and_chart(tmp_path):
   gains = report.gains_over_local(_results(), 'fmnist')
   assert sorted(gains) == ['fedavg', 'fedcg']
@@ -110,6 +125,7 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
       (out / 'fmnist' / 'fedavg' / 'seed_3' / 'results.json').read_text())
   assert float(rows[1]['fmnist_mean']) == pytest.approx(
       100 * np.mean(result['test_accuracy_at_best_val']), abs=1e-3)
+  assert '| local | ' in (out / 'paper_fmnist.md').read_text()
   assert (out / 'gain_fmnist.png').read_bytes()[:4] == b'\x89PNG'
   tags = [v.tag for path in glob.glob(f'{out}/tensorboard/events*')
           for e in tf.compat.v1.train.summary_iterator(path)
@@ -118,18 +134,21 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   assert 'accuracy_curves/fmnist' in tags
   assert (out / 'curves_fmnist.png').read_bytes()[:4] == b'\x89PNG'
   # The reports again from the small files alone (what results/ commits):
-  # no checkpoints, no TensorBoard logs of the runs.
+  # no checkpoints, no TensorBoard logs of the runs, and in the layout
+  # without the task level (results/fmnist_paper_protocol/<algorithm>/...).
   import shutil  # pylint: disable=g-import-not-at-top
   table = (out / 'results.md').read_text()
   for run in glob.glob(f'{out}/fmnist/*/seed_3'):
     for name in ('checkpoints', 'tensorboard'):
       shutil.rmtree(os.path.join(run, name))
-  for name in ('results.md', 'curves_fmnist.png'):
-    (out / name).unlink()
-  remade = _sweep([*args[:-1], '--report_only'], timeout=300, cwd=tmp_path)
+  shutil.copytree(out / 'fmnist', tmp_path / 'flat')
+  remade = _sweep(['--output_dir=flat', *args[1:-1], '--report_only',
+                   '--notask_dirs'], timeout=300, cwd=tmp_path)
   assert remade.returncode == 0, remade.stderr[-3000:]
-  assert (out / 'results.md').read_text() == table
-  assert (out / 'curves_fmnist.png').exists()
+  assert (tmp_path / 'flat' / 'results.md').read_text() == table
+  assert ((tmp_path / 'flat' / 'paper_fmnist.md').read_text() ==
+          (out / 'paper_fmnist.md').read_text())
+  assert (tmp_path / 'flat' / 'curves_fmnist.png').exists()
   assert 'already holds' not in remade.stdout  # Nothing ran.
   # Rerunning skips a finished run; other run flags are refused rather than
   # mixed into the table (one of the four runs shows both).
@@ -148,8 +167,10 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
 def test_sweep_rejects_bad_flags(tmp_path):
   for flag, message in (('--algorithms=fedsgd', '--algorithms'),
                         ('--seeds=1,x', '--seeds must be integers'),
-                        ('--run_flags=--seed=3', 'must not set --seed')):
-    proc = _sweep([f'--output_dir={tmp_path}', flag], timeout=60)
+                        ('--run_flags=--seed=3', 'must not set --seed'),
+                        ('--tasks=fmnist,cifar10 --notask_dirs',
+                         '--notask_dirs needs one task')):
+    proc = _sweep([f'--output_dir={tmp_path}', *flag.split()], timeout=60)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
   assert not os.listdir(tmp_path)
 

@@ -26,6 +26,9 @@ class RunResult:
   seed: int
   test_at_best: tuple[float, ...]  # Per client, in [0, 1].
   client_names: tuple[str, ...] = ()
+  rounds_run: int | None = None
+  stopped_early: bool | None = None
+  seconds: float | None = None  # Summed round times (eval included).
 
   @property
   def mean(self) -> float:
@@ -37,7 +40,8 @@ def load_result(path: str, task: str, algorithm: str, seed: int) -> RunResult:
     r = json.load(f)
   return RunResult(task, algorithm, seed,
                    tuple(float(v) for v in r['test_accuracy_at_best_val']),
-                   tuple(r.get('client_names', ())))
+                   tuple(r.get('client_names', ())), r.get('rounds_run'),
+                   r.get('stopped_early'), r.get('total_round_seconds'))
 
 
 def _ordered(values: Iterable[str], preferred: Sequence[str]) -> list[str]:
@@ -85,6 +89,44 @@ def markdown(rows: list[dict]) -> str:
       else:
         cells.append('—')
     lines.append(f'| {row["algorithm"]} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
+# The paper's Table 1 (mean ± std over its seeds, in %), by our task names,
+# for the tasks whose client count matches ours by default.
+PAPER_TABLE_1 = {
+    'fmnist': {'local': (79.66, 0.55), 'fedavg': (82.97, 0.67),
+               'fedprox': (83.61, 0.64), 'feddf': (83.20, 0.57),
+               'fedsplit': (81.95, 0.43), 'fedgen': (81.66, 0.46),
+               'fedcg': (83.81, 0.28)},
+}
+
+
+def paper_markdown(rows: list[dict], results: Sequence[RunResult],
+                   task: str) -> str:
+  """Our Table 1 column for `task` beside the paper's: difference, and
+  per seed the rounds run (whether early stopping fired) and the summed
+  round time. Empty if the paper has no column for `task`."""
+  paper = PAPER_TABLE_1.get(task)
+  if paper is None:
+    return ''
+  lines = [f'| algorithm | ours ({task}) | paper | ours − paper | '
+           'per seed: rounds run, hours |', '|---|---|---|---|---|']
+  for row in rows:
+    if task not in row['cells']:
+      continue
+    mean, std, n = row['cells'][task]
+    ref = paper.get(row['algorithm'])
+    runs = []
+    for r in sorted((r for r in results if r.task == task and
+                     r.algorithm == row['algorithm']), key=lambda r: r.seed):
+      stop = ' (early stop)' if r.stopped_early else ''
+      hours = f', {r.seconds / 3600:.1f} h' if r.seconds is not None else ''
+      runs.append(f'seed {r.seed}: {r.rounds_run}{stop}{hours}')
+    lines.append(
+        f'| {row["algorithm"]} | {mean:.2f} ± {std:.2f} ({n}) | '
+        + (f'{ref[0]:.2f} ± {ref[1]:.2f} | {mean - ref[0]:+.2f} | '
+           if ref else '— | — | ') + '; '.join(runs) + ' |')
   return '\n'.join(lines) + '\n'
 
 
