@@ -12,17 +12,16 @@ from fedcg_tff.algorithms import baselines_process_tff
 from fedcg_tff.algorithms import baselines_tf
 from fedcg_tff.algorithms import catalog
 from fedcg_tff.algorithms import training_tf
-from fedcg_tff.config import FedCGConfig
 from fedcg_tff.models import lenet
 from fedcg_tff.models import model_weights
 from fedcg_tff.program import driver
+from tests import built
 from tests.placement import EXTRACTOR_KERNEL_SHAPES
 from tests.placement import crossings
 from tests.placement import leaks
 from tests.placement import tensor_shapes
 
-TINY = FedCGConfig(batch_size=8, local_epochs=1, server_epochs=1,
-                   server_steps_per_epoch=3)
+TINY = built.TINY
 SIZES = (16, 24, 8)  # Unequal client weights.
 
 
@@ -54,7 +53,8 @@ def _assert_all_close(a, b, atol=1e-5):
 
 
 def _run(algorithm, config=TINY, rounds=1, **kwargs):
-  driver = catalog.build(algorithm, config, len(SIZES), **kwargs)
+  driver = (catalog.build(algorithm, config, len(SIZES), **kwargs) if kwargs
+            else built.built_driver(algorithm, config, len(SIZES)))
   initial_server, initial_clients = driver.server_state, driver.client_states
   for r in range(rounds):
     metrics = driver.run_round(r, _round_data(r))
@@ -177,7 +177,8 @@ def test_what_crosses_placements(algorithm, tmp_path):
   if catalog.needs_server_images(algorithm):
     kwargs = dict(server_images=_arrays(20, 9)[0],
                   server_images_dir=str(tmp_path))
-  process = baselines_process_tff.build_baseline_process(TINY, algorithm, **kwargs)
+  process = (baselines_process_tff.build_baseline_process(
+      TINY, algorithm, **kwargs) if kwargs else built.process(algorithm, TINY))
   moved = crossings(process.next)
   baseline = baselines_tf.BASELINES[algorithm]
   if not baseline.communicates:

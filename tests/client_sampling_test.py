@@ -14,20 +14,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fedcg_tff.algorithms import baselines_process_tff
 from fedcg_tff.algorithms import baselines_tf
 from fedcg_tff.algorithms import training_tf
-from fedcg_tff.config import FedCGConfig
 from fedcg_tff.program import checkpoint
 from fedcg_tff.program import client_store
 from fedcg_tff.program import driver
 from fedcg_tff.program import round_loop
 from tasks import image_task
 from tests import binary_runs
+from tests import built
 from tests import fake_data
 
-TINY = FedCGConfig(batch_size=8, local_epochs=1, server_epochs=1,
-                   server_steps_per_epoch=3)
+TINY = built.TINY
 NUM_CLIENTS = 52
 PER_ROUND = 5
 
@@ -57,7 +55,7 @@ def _eval_data(num_clients=NUM_CLIENTS):
 @pytest.fixture(scope='module')
 def process():
   """FedAvg's process, built once (tracing it is most of a driver's cost)."""
-  return baselines_process_tff.build_baseline_process(TINY, 'fedavg')
+  return built.process('fedavg', TINY)
 
 
 def _driver(process, states_dir=None, per_round=PER_ROUND,

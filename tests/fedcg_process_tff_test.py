@@ -11,19 +11,20 @@ import tensorflow_federated as tff
 from fedcg_tff.algorithms import catalog
 from fedcg_tff.algorithms import fedcg_process_tff as fedcg
 from fedcg_tff.algorithms import fedcg_tf
-from fedcg_tff.config import FedCGConfig
 from fedcg_tff.privacy import dp
 from fedcg_tff.program import driver
 from fedcg_tff.program import round_loop
 from fedcg_tff.program import run_files
+from tests import built
 from tests import placement
 from tests.placement import EXTRACTOR_KERNEL_SHAPES
 from tests.placement import crossings as _crossings
 from tests.placement import leaks as _leaks
 from tests.placement import tensor_shapes as _tensor_shapes
 
-TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
-                   server_epochs=1, server_steps_per_epoch=3)
+TINY = built.TINY
+
+
 def _client_data(n, seed):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(n, 32, 32, 1)).astype(np.float32)
@@ -33,7 +34,7 @@ def _client_data(n, seed):
 
 @pytest.fixture(scope='module')
 def process():
-  return fedcg.build_fedcg_process(TINY)
+  return built.process('fedcg', TINY)
 
 
 @pytest.fixture(scope='module')

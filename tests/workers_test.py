@@ -11,15 +11,13 @@ import pytest
 import tensorflow as tf
 import tree
 
-from fedcg_tff.algorithms import catalog
-from fedcg_tff.config import FedCGConfig
 from fedcg_tff.execution import round_runner
 from fedcg_tff.execution import runtime
 from fedcg_tff.execution import workers
 from fedcg_tff.program import driver
+from tests import built
 
-TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
-                   server_epochs=1, server_steps_per_epoch=3)
+TINY = built.TINY
 NUM_CLIENTS = 3  # Uneven shards on two workers: 1 + 2 (or 2 + 1).
 
 
@@ -86,7 +84,7 @@ def _grew(before, after, minimum=0.1):
 
 @pytest.mark.parametrize('name', ['fedcg', 'local'])
 def test_two_workers_give_the_single_worker_round(name, two_workers):
-  algorithm = catalog.build(name, TINY, NUM_CLIENTS)
+  algorithm = built.built_driver(name, TINY, NUM_CLIENTS)
   process = algorithm.process
   server, clients = algorithm.state()
   data = [_data(i) for i in range(NUM_CLIENTS)]
@@ -112,7 +110,7 @@ def test_two_workers_give_the_single_worker_round(name, two_workers):
 
 @pytest.fixture(scope='module')
 def fedavg_process():
-  return catalog.build_process('fedavg', TINY)
+  return built.process('fedavg', TINY)
 
 
 def test_driver_spreads_its_rounds_over_the_workers(two_workers,
