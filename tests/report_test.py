@@ -48,19 +48,33 @@ def test_table_is_mean_and_std_over_seeds_of_client_means():
   assert table[3][:4] == ['fedcg', '78.0000', '4.0000', '2']
 
 
-def test_paper_comparison_gives_difference_rounds_and_hours():
+def test_paper_comparison_gives_difference_rounds_and_round_time():
   r = report.RunResult
-  results = [r('fmnist', 'local', 1, (0.80, 0.82), (), 41, True, 3600.0),
-             r('fmnist', 'local', 2, (0.78, 0.80), (), 60, False, 7200.0),
-             r('fmnist', 'fedcg', 1, (0.84, 0.84), (), 60, False, 36000.0),
+  results = [r('fmnist', 'local', 1, (0.80, 0.82), (), 41, True, 88.4),
+             r('fmnist', 'local', 2, (0.78, 0.80), (), 60, False, 90.0),
+             r('fmnist', 'fedcg', 1, (0.84, 0.84), (), 60, False, 785.0),
              r('cifar10', 'fedcg', 1, (0.40, 0.50))]
   rows = report.table(results, ['local', 'fedcg'], ['fmnist', 'cifar10'])
   md = report.paper_markdown(rows, results, 'fmnist')
   # Local: seed means 81 and 79; the paper's 79.66.
   assert ('| local | 80.00 ± 1.00 (2) | 79.66 ± 0.55 | +0.34 | seed 1: 41 '
-          '(early stop), 1.0 h; seed 2: 60, 2.0 h |') in md
+          '(early stop), 88 s; seed 2: 60, 90 s |') in md
   assert '| fedcg | 84.00 ± 0.00 (1) | 83.81 ± 0.28 | +0.19 |' in md
   assert report.paper_markdown(rows, results, 'cifar10') == ''
+
+
+def test_load_result_reads_rounds_and_the_median_round_time(tmp_path):
+  (tmp_path / 'results.json').write_text(json.dumps({
+      'test_accuracy_at_best_val': [0.5, 0.7], 'rounds_run': 3,
+      'stopped_early': False, 'total_round_seconds': 3022.0}))
+  # Round 2 ran while the run was paused: the median ignores it.
+  (tmp_path / 'metrics.csv').write_text(
+      'round,round_seconds\n1,10.0\n2,3000.0\n3,12.0\n')
+  result = report.load_result(str(tmp_path / 'results.json'), 'fmnist',
+                              'local', 1)
+  assert result.rounds_run == 3 and result.stopped_early is False
+  assert result.median_round_seconds == 12.0
+  assert result.mean == pytest.approx(0.6)
 
 
 def test_gains_over_local_and_chart(tmp_path):

@@ -28,7 +28,10 @@ class RunResult:
   client_names: tuple[str, ...] = ()
   rounds_run: int | None = None
   stopped_early: bool | None = None
-  seconds: float | None = None  # Summed round times (eval included).
+  # Median of the rounds' wall times (evaluation included), from the run's
+  # metrics.csv: unlike their sum, not moved by a few rounds during which
+  # the run was paused (SIGSTOP) or the machine was busy.
+  median_round_seconds: float | None = None
 
   @property
   def mean(self) -> float:
@@ -38,10 +41,15 @@ class RunResult:
 def load_result(path: str, task: str, algorithm: str, seed: int) -> RunResult:
   with open(path) as f:
     r = json.load(f)
+  metrics_csv = os.path.join(os.path.dirname(path), 'metrics.csv')
+  seconds = (load_curves(metrics_csv, ('round_seconds',))['round_seconds']
+             if os.path.exists(metrics_csv) else None)
   return RunResult(task, algorithm, seed,
                    tuple(float(v) for v in r['test_accuracy_at_best_val']),
                    tuple(r.get('client_names', ())), r.get('rounds_run'),
-                   r.get('stopped_early'), r.get('total_round_seconds'))
+                   r.get('stopped_early'),
+                   float(np.median(seconds)) if seconds is not None and
+                   len(seconds) else None)
 
 
 def _ordered(values: Iterable[str], preferred: Sequence[str]) -> list[str]:
@@ -105,13 +113,14 @@ PAPER_TABLE_1 = {
 def paper_markdown(rows: list[dict], results: Sequence[RunResult],
                    task: str) -> str:
   """Our Table 1 column for `task` beside the paper's: difference, and
-  per seed the rounds run (whether early stopping fired) and the summed
+  per seed the rounds run (whether early stopping fired) and the median
   round time. Empty if the paper has no column for `task`."""
   paper = PAPER_TABLE_1.get(task)
   if paper is None:
     return ''
   lines = [f'| algorithm | ours ({task}) | paper | ours − paper | '
-           'per seed: rounds run, hours |', '|---|---|---|---|---|']
+           'per seed: rounds run, median s/round |',
+           '|---|---|---|---|---|']
   for row in rows:
     if task not in row['cells']:
       continue
@@ -121,8 +130,9 @@ def paper_markdown(rows: list[dict], results: Sequence[RunResult],
     for r in sorted((r for r in results if r.task == task and
                      r.algorithm == row['algorithm']), key=lambda r: r.seed):
       stop = ' (early stop)' if r.stopped_early else ''
-      hours = f', {r.seconds / 3600:.1f} h' if r.seconds is not None else ''
-      runs.append(f'seed {r.seed}: {r.rounds_run}{stop}{hours}')
+      per_round = (f', {r.median_round_seconds:.0f} s'
+                   if r.median_round_seconds is not None else '')
+      runs.append(f'seed {r.seed}: {r.rounds_run}{stop}{per_round}')
     lines.append(
         f'| {row["algorithm"]} | {mean:.2f} ± {std:.2f} ({n}) | '
         + (f'{ref[0]:.2f} ± {ref[1]:.2f} | {mean - ref[0]:+.2f} | '
@@ -210,15 +220,16 @@ def gain_chart(gains: dict[str, np.ndarray], client_names: Sequence[str],
 CURVE_METRICS = ('mean/val_accuracy', 'mean/test_accuracy')
 
 
-def load_curves(metrics_csv: str) -> dict[str, np.ndarray]:
-  """Per metric of CURVE_METRICS, its value at each round of a run (from
-  the run's metrics.csv: a report needs no checkpoint)."""
+def load_curves(metrics_csv: str, metrics: Sequence[str] = CURVE_METRICS
+                ) -> dict[str, np.ndarray]:
+  """Per metric (default: CURVE_METRICS), its value at each round of a run
+  (from the run's metrics.csv: a report needs no checkpoint)."""
   import csv as csv_module  # pylint: disable=g-import-not-at-top
   with open(metrics_csv, newline='') as f:
     rows = list(csv_module.DictReader(f))
   rows.sort(key=lambda r: int(r['round']))
   return {name: np.array([float(r[name]) for r in rows])
-          for name in CURVE_METRICS}
+          for name in metrics}
 
 
 def mean_curves(curves: Sequence[dict[str, np.ndarray]]
