@@ -16,9 +16,10 @@ a changed --run_flags cannot mix old results into the table. Then
 `results.md` and `results.csv` (mean ± std over seeds of the mean over
 clients of the test accuracy at each client's best-validation round), one
 `paper_<task>.md` per task the paper's Table 1 has (ours beside the
-paper's, with each run's rounds and median round time), one `curves_<task>.png` per task (mean validation and test accuracy against
-round, averaged over seeds), one `gain_<task>.png` per task (per-client gain over Local, like the paper's
-Figure 5; needs `local` in --algorithms) and the same charts as TensorBoard
+paper's, with each run's rounds and median round time), one
+`curves_<task>.png` per task (mean validation and test accuracy against
+round, averaged over seeds), one `gain_<task>.png` per task (per-client
+gain over Local, like the paper's Figure 5; needs `local` in --algorithms) and the same charts as TensorBoard
 images in `<output_dir>/tensorboard` are written. `--report_only` writes
 only these, from the runs' results.json and metrics.csv (no checkpoint
 needed: a report can be remade from committed results).

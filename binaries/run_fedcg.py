@@ -432,9 +432,11 @@ def run_definition(config) -> dict:
 
 
 def _print_finished(done: dict) -> None:
+  accuracy = done.get('mean_test_accuracy_at_best_val')
   print(f'{FLAGS.output_dir} already holds this finished run '
-        f'({done["rounds_run"]} rounds): mean test accuracy at best '
-        f'validation {100 * done["mean_test_accuracy_at_best_val"]:.2f}%')
+        f'({done.get("rounds_run", "?")} rounds): mean test accuracy at best '
+        'validation ' + (f'{100 * accuracy:.2f}%' if accuracy is not None
+                         else 'not recorded'))
   print(f'TensorBoard: .venv/bin/tensorboard --logdir '
         f'{os.path.join(FLAGS.output_dir, "tensorboard")}')
 
@@ -459,7 +461,7 @@ def main(argv):
 
   try:
     done = run_record.finished_run(FLAGS.output_dir, from_stored)
-  except (FileExistsError, OSError, ValueError) as e:
+  except (OSError, ValueError) as e:  # FileExistsError is an OSError.
     raise app.UsageError(str(e)) from None
   if done is not None:
     _print_finished(done)
@@ -482,7 +484,7 @@ def main(argv):
   try:
     resuming = run_record.prepare_output_dir(FLAGS.output_dir,
                                              run_definition(config))
-  except (FileExistsError, OSError, ValueError) as e:
+  except (OSError, ValueError) as e:
     raise app.UsageError(str(e)) from None
   results_path = os.path.join(FLAGS.output_dir, run_record.RESULTS_FILE)
   if resuming and os.path.exists(results_path):  # Finished meanwhile.

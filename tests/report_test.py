@@ -70,11 +70,20 @@ def test_load_result_reads_rounds_and_the_median_round_time(tmp_path):
   # Round 2 ran while the run was paused: the median ignores it.
   (tmp_path / 'metrics.csv').write_text(
       'round,round_seconds\n1,10.0\n2,3000.0\n3,12.0\n')
-  result = report.load_result(str(tmp_path / 'results.json'), 'fmnist',
-                              'local', 1)
+  load = lambda: report.load_result(str(tmp_path / 'results.json'),
+                                    'fmnist', 'local', 1)
+  result = load()
   assert result.rounds_run == 3 and result.stopped_early is False
   assert result.median_round_seconds == 12.0
   assert result.mean == pytest.approx(0.6)
+  assert result.paper_protocol is None  # No run.json.
+  paper = {'config': dict(report.PAPER_PROTOCOL['config'], seed=1),
+           'run': dict(report.PAPER_PROTOCOL['run'], num_clients=None)}
+  (tmp_path / 'run.json').write_text(json.dumps(paper))
+  assert load().paper_protocol is True
+  paper['config']['gan_epochs'] = 1
+  (tmp_path / 'run.json').write_text(json.dumps(paper))
+  assert load().paper_protocol is False
 
 
 def test_gains_over_local_and_chart(tmp_path):
@@ -139,7 +148,8 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
       (out / 'fmnist' / 'fedavg' / 'seed_3' / 'results.json').read_text())
   assert float(rows[1]['fmnist_mean']) == pytest.approx(
       100 * np.mean(result['test_accuracy_at_best_val']), abs=1e-3)
-  assert '| local | ' in (out / 'paper_fmnist.md').read_text()
+  assert ("| local | " in (out / 'paper_fmnist.md').read_text() and
+          "1 (not the paper's protocol)" in (out / 'paper_fmnist.md').read_text())
   assert (out / 'gain_fmnist.png').read_bytes()[:4] == b'\x89PNG'
   tags = [v.tag for path in glob.glob(f'{out}/tensorboard/events*')
           for e in tf.compat.v1.train.summary_iterator(path)

@@ -154,6 +154,22 @@ def test_run_resumes_from_checkpoints(tmp_path):
   assert third.rounds == [] and again.rounds_run == 6
 
 
+def test_finished_run_is_recognised_and_a_foreign_run_json_named(tmp_path):
+  definition = {'config': {'lr': 0.1}, 'run': {'rounds': 3}}
+  run_record.prepare_output_dir(str(tmp_path), definition)
+  same = lambda stored: definition
+  assert run_record.finished_run(str(tmp_path), same) is None  # Unfinished.
+  (tmp_path / 'results.json').write_text('{"rounds_run": 3}')
+  assert run_record.finished_run(str(tmp_path), same) == {'rounds_run': 3}
+  with pytest.raises(FileExistsError,
+                     match=r"--seed: stored \(not set\), given 4"):
+    run_record.finished_run(str(tmp_path), lambda stored: {
+        'config': {'lr': 0.1, 'seed': 4}, 'run': {'rounds': 3}})
+  (tmp_path / 'run.json').write_text('[1, 2]')
+  with pytest.raises(ValueError, match='run.json does not hold what a run'):
+    run_record.finished_run(str(tmp_path), same)
+
+
 def test_resume_sets_aside_only_what_is_damaged(tmp_path):
   """A save `restore` finds damaged (DamagedState) is set aside and the
   older one restored; any other error of `restore` is a bug of the caller:

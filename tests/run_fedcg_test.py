@@ -342,7 +342,7 @@ def test_finished_run_is_reported_or_refused_before_tensorflow(fedavg_run,
   whole, _ = fedavg_run
   written = {p: p.read_bytes() for p in whole.iterdir() if p.is_file()}
   for extra, answer in (([], 'already holds this finished run (4 rounds)'),
-                        (['--lr=0.001'], 'refused: --output_dir'),
+                        (['--lr=0.001'], '--lr: stored 0.0003, given 0.001'),
                         (['--num_clients=3'], '--num_clients: stored 2')):
     done = subprocess.run(
         [sys.executable, '-c', _WITHOUT_TF, f'--output_dir={whole}',

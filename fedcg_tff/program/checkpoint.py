@@ -42,10 +42,12 @@ class DamagedState(Exception):
 
 
 # What reading a damaged file raises: TF's checksum and format errors
-# (DataLossError and the other OpErrors), a broken protobuf or zip, short
-# or garbled arrays.
+# (DataLossError and the other OpErrors), a broken protobuf or zip (a
+# garbled compression-method byte: NotImplementedError), short or garbled
+# arrays (a garbled shape: OverflowError or MemoryError).
 READ_ERRORS = (tf.errors.OpError, protobuf_message.DecodeError, ValueError,
-               OSError, KeyError, EOFError, zipfile.BadZipFile, DamagedState)
+               OSError, KeyError, EOFError, zipfile.BadZipFile,
+               NotImplementedError, OverflowError, MemoryError, DamagedState)
 
 
 def describe_error(error: BaseException) -> str:

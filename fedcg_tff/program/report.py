@@ -32,6 +32,9 @@ class RunResult:
   # metrics.csv: unlike their sum, not moved by a few rounds during which
   # the run was paused (SIGSTOP) or the machine was busy.
   median_round_seconds: float | None = None
+  # Whether the run.json beside results.json shows the paper's protocol
+  # (PAPER_PROTOCOL); None without a run.json.
+  paper_protocol: bool | None = None
 
   @property
   def mean(self) -> float:
@@ -41,6 +44,11 @@ class RunResult:
 def load_result(path: str, task: str, algorithm: str, seed: int) -> RunResult:
   with open(path) as f:
     r = json.load(f)
+  definition = os.path.join(os.path.dirname(path), 'run.json')
+  protocol = None
+  if os.path.exists(definition):
+    with open(definition) as f:
+      protocol = _at_paper_protocol(json.load(f))
   metrics_csv = os.path.join(os.path.dirname(path), 'metrics.csv')
   seconds = (load_curves(metrics_csv, ('round_seconds',))['round_seconds']
              if os.path.exists(metrics_csv) else None)
@@ -49,7 +57,25 @@ def load_result(path: str, task: str, algorithm: str, seed: int) -> RunResult:
                    tuple(r.get('client_names', ())), r.get('rounds_run'),
                    r.get('stopped_early'),
                    float(np.median(seconds)) if seconds is not None and
-                   len(seconds) else None)
+                   len(seconds) else None, protocol)
+
+
+# The paper's per-round budget and client setup (FEDCG_SPEC.md), as run.json
+# records them: what a run must have used to stand beside Table 1.
+PAPER_PROTOCOL = {
+    'config': {'batch_size': 8, 'lr': 3e-4, 'local_epochs': 20,
+               'gan_epochs': 20, 'server_epochs': 20,
+               'server_steps_per_epoch': 100},
+    'run': {'partition': 'iid', 'add_noise': False},
+}
+
+
+def _at_paper_protocol(definition: dict) -> bool:
+  for part, wanted in PAPER_PROTOCOL.items():
+    held = definition.get(part, {})
+    if any(held.get(k) != v for k, v in wanted.items()):
+      return False
+  return definition.get('run', {}).get('num_clients') in (None, 4)
 
 
 def _ordered(values: Iterable[str], preferred: Sequence[str]) -> list[str]:
@@ -132,7 +158,9 @@ def paper_markdown(rows: list[dict], results: Sequence[RunResult],
       stop = ' (early stop)' if r.stopped_early else ''
       per_round = (f', {r.median_round_seconds:.0f} s'
                    if r.median_round_seconds is not None else '')
-      runs.append(f'seed {r.seed}: {r.rounds_run}{stop}{per_round}')
+      other = (' (not the paper\'s protocol)' if r.paper_protocol is False
+               else '')
+      runs.append(f'seed {r.seed}: {r.rounds_run}{stop}{per_round}{other}')
     lines.append(
         f'| {row["algorithm"]} | {mean:.2f} ± {std:.2f} ({n}) | '
         + (f'{ref[0]:.2f} ± {ref[1]:.2f} | {mean - ref[0]:+.2f} | '

@@ -57,11 +57,19 @@ def prepare_output_dir(output_dir: str, run_definition: dict) -> bool:
   return False
 
 
+class _Missing:
+  def __repr__(self):
+    return '(not set)'
+
+
+_MISSING = _Missing()
+
+
 def _differences(stored: dict, wanted: dict) -> str:
   """'--name: stored x, given y' for each differing (nested) entry."""
   out = []
   for key in sorted(set(stored) | set(wanted)):
-    a, b = stored.get(key), wanted.get(key)
+    a, b = stored.get(key, _MISSING), wanted.get(key, _MISSING)
     if isinstance(a, dict) and isinstance(b, dict):
       inner = _differences(a, b)
       if inner:
@@ -91,7 +99,13 @@ def finished_run(output_dir: str, run_definition) -> dict | None:
 def _load(path: str) -> dict:
   try:
     with open(path) as f:
-      return json.load(f)
+      value = json.load(f)
   except ValueError as e:
     raise ValueError(f'{path} is not valid JSON ({e}): restore it, or '
                      'choose a new --output_dir') from None
+  if not isinstance(value, dict) or (
+      os.path.basename(path) == RUN_FILE and
+      not all(isinstance(v, dict) for v in value.values())):
+    raise ValueError(f'{path} does not hold what a run writes there: '
+                     'restore it, or choose a new --output_dir')
+  return value
