@@ -159,6 +159,9 @@ def test_finished_run_is_recognised_and_a_foreign_run_json_named(tmp_path):
   run_record.prepare_output_dir(str(tmp_path), definition)
   same = lambda stored: definition
   assert run_record.finished_run(str(tmp_path), same) is None  # Unfinished.
+  with pytest.raises(FileExistsError, match=r'--rounds: stored 3, given 4'):
+    run_record.finished_run(str(tmp_path), lambda stored: {
+        'config': {'lr': 0.1}, 'run': {'rounds': 4}})
   (tmp_path / 'results.json').write_text('{"rounds_run": 3}')
   assert run_record.finished_run(str(tmp_path), same) == {'rounds_run': 3}
   with pytest.raises(FileExistsError,

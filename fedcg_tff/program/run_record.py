@@ -84,16 +84,16 @@ def finished_run(output_dir: str, run_definition) -> dict | None:
 
   `run_definition(stored)` gives the definition of the run the flags ask
   for, from the stored one (for entries the flags alone do not give, such
-  as those read from the data). A finished run with another definition is
-  refused as `prepare_output_dir` refuses it; None when the directory holds
-  no finished run (nothing there, or a run to resume).
+  as those read from the data). A run, finished or not, with another
+  definition is refused as `prepare_output_dir` refuses it; None when the
+  directory holds no finished run (nothing there, or a run to resume).
   """
   path = os.path.join(output_dir, RUN_FILE)
-  results = os.path.join(output_dir, RESULTS_FILE)
-  if not (os.path.exists(path) and os.path.exists(results)):
+  if not os.path.exists(path):
     return None
   prepare_output_dir(output_dir, run_definition(_load(path)))
-  return _load(results)
+  results = os.path.join(output_dir, RESULTS_FILE)
+  return _load(results) if os.path.exists(results) else None
 
 
 def _load(path: str) -> dict:
