@@ -450,8 +450,9 @@ def main(argv):
   _check_worker_flags()
   _check_dp_flags()
   # A finished run in --output_dir is reported, and a run with other flags
-  # (finished or not) refused, before TensorFlow is imported. What the data decides (classes,
-  # channels) is taken from the stored run: the task's flags are compared.
+  # (finished or not) refused, before TensorFlow is imported. What the data
+  # decides (classes, channels) is taken from the stored run: the task's
+  # flags are compared.
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
 
   def from_stored(stored):
