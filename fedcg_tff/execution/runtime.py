@@ -175,9 +175,19 @@ def _shutdown_at_exit() -> None:
   at interpreter teardown runs after module globals are cleared and fails
   noisily (`'NoneType' object has no attribute 'Popen'`). The workers are
   gone by then, so that `__del__` is switched off here.
+
+  Last, the garbage collector's objects are frozen (`gc.freeze`): with
+  TensorFlow and TFF loaded, the interpreter's final collections over their
+  millions of objects took 2.5-3 s of every process's exit (measured here:
+  a `python -c 'import tensorflow_federated'` left 2.5 s after its atexit
+  hooks, 0.3 s with the freeze). Nothing is lost: objects still reachable
+  are released as modules are cleared, as before; only cyclic garbage is
+  left to the OS, and our files are written and closed (atomically, most)
+  before exit, never by a finaliser.
   """
   shutdown_workers()
   _disarm_service_managers()
+  gc.freeze()
 
 
 def _disarm_service_managers() -> None:
