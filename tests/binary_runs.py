@@ -1,6 +1,12 @@
 """Runs one of our absl binaries the way a user does: a fresh interpreter
 from the repository root, output captured, a time limit; and which TFF
-workers it started."""
+workers it started. Or `run_fedcg` in the test's own process
+(`run_fedcg_in_process`), where what is checked is not about processes:
+that saves the interpreter's start (TensorFlow's and TFF's import).
+
+Only `run_fedcg` runs in-process: the binaries' absl flags share one
+namespace, and the attack binaries define some of the same names.
+"""
 
 import os
 import subprocess
@@ -55,3 +61,67 @@ def run_binary(module: str, args, timeout: float = 600,
                cwd: str = ROOT) -> subprocess.CompletedProcess:
   """`python -m binaries.<module> *args` (text output, TF logs quiet)."""
   return BinaryRun(module, args, cwd).wait(timeout)[0]
+
+
+def run_fedcg_in_process(args):
+  """`binaries.run_fedcg.main` in this process with these flags; returns the
+  usage error or exit message it stops with (None if it ran through).
+
+  TF's global seed is cleared first, as in a fresh `run_fedcg` process:
+  tf.data's seeded shuffles depend on it, and earlier tests in this
+  process may have set it (tasks/image_task.py).
+  """
+  # Imported here: the flags are defined only where a test runs the binary.
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from binaries import run_fedcg  # pylint: disable=g-import-not-at-top
+  tf.random.set_seed(None)
+  with flagsaver.flagsaver():
+    flags.FLAGS.unparse_flags()
+    try:
+      argv = flags.FLAGS(['run_fedcg', *args])
+      run_fedcg.main(argv)
+    except (app.UsageError, flags.Error) as e:
+      return str(e)
+    except SystemExit as e:
+      return str(e.code)
+  return None
+
+
+_MAIN_CALLS = """
+import json, sys
+from absl import app, flags
+from absl.testing import flagsaver
+import importlib
+binary = importlib.import_module('binaries.' + sys.argv[1])
+for args in json.loads(sys.argv[2]):
+  with flagsaver.flagsaver():
+    flags.FLAGS.unparse_flags()
+    try:
+      binary.main(flags.FLAGS([sys.argv[1], *args]))
+      stopped = None
+    except (app.UsageError, flags.Error) as e:
+      stopped = str(e)
+  print('MAIN_CALL', json.dumps(stopped), flush=True)
+"""
+
+
+def main_calls(module: str, arg_lists, timeout: float = 600):
+  """`binaries.<module>.main` called once per flag list, in turn, in one
+  fresh interpreter (one import of TensorFlow and TFF for them all).
+
+  Returns (the usage error each call stopped with, or None if it ran
+  through; the CompletedProcess). For binaries that cannot run in the
+  test's own process (see the module docstring).
+  """
+  import json  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
+  done = subprocess.run(
+      [sys.executable, '-c', _MAIN_CALLS, module, json.dumps(arg_lists)],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+  stops = [json.loads(line.split(' ', 1)[1])
+           for line in done.stdout.splitlines()
+           if line.startswith('MAIN_CALL ')]
+  return stops, done

@@ -479,29 +479,23 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
 # The binary.
 
 
-def _run_binary(args, timeout=600):
-  proc = binary_runs.run_binary('run_fedcg', args, timeout)
-  return proc.returncode, proc.stdout, proc.stderr
-
-
 def test_binary_refuses_more_clients_per_round_than_clients(tmp_path):
   out = tmp_path / 'out'
-  rc, _, err = _run_binary([f'--output_dir={out}', '--clients_per_round=0'],
-                           timeout=60)
-  assert rc != 0 and '--clients_per_round must be >= 1, got 0' in err
+  error = binary_runs.run_fedcg_in_process(
+      [f'--output_dir={out}', '--clients_per_round=0'])
+  assert '--clients_per_round must be >= 1, got 0' in error, error
   data = tmp_path / 'idx'
   data.mkdir()
   fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
-  rc, _, err = _run_binary([f'--output_dir={out}', f'--data_dir={data}',
-                            '--num_clients=2', '--train_per_client=16',
-                            '--clients_per_round=3'], timeout=120)
-  assert rc != 0
+  error = binary_runs.run_fedcg_in_process(
+      [f'--output_dir={out}', f'--data_dir={data}', '--num_clients=2',
+       '--train_per_client=16', '--clients_per_round=3'])
   assert ("--clients_per_round=3 is more than the run's 2 clients "
-          '(--task=fmnist, --num_clients=2)') in err, err[-2000:]
+          '(--task=fmnist, --num_clients=2)') in error, error
   assert not out.exists()  # Nothing was written.
 
 
-def test_binary_samples_dirichlet_clients(tmp_path):
+def test_binary_samples_dirichlet_clients(tmp_path, capfd):
   data = tmp_path / 'idx'
   data.mkdir()
   fake_data.write_fake_fmnist(str(data), n_train=500, n_test=500)
@@ -510,8 +504,10 @@ def test_binary_samples_dirichlet_clients(tmp_path):
           '--num_clients=20', '--train_per_client=20',
           '--partition=dirichlet', '--dirichlet_alpha=5', '--batch_size=4',
           '--local_epochs=1', '--rounds=2', '--seed=3']
-  rc, stdout, err = _run_binary([*args, '--clients_per_round=5'])
-  assert rc == 0, err[-3000:]
+  # In this process: the run's sampling is checked here, not its process.
+  assert binary_runs.run_fedcg_in_process(
+      [*args, '--clients_per_round=5']) is None
+  stdout = capfd.readouterr().out
   assert 'task fmnist: 20 clients' in stdout and 'round 2/2' in stdout
   definition = json.loads((out / 'run.json').read_text())
   assert definition['run']['clients_per_round'] == 5
@@ -531,8 +527,8 @@ def test_binary_samples_dirichlet_clients(tmp_path):
   results = json.loads((out / 'results.json').read_text())
   assert len(results['test_accuracy_at_best_val']) == 20
   # Resuming with another sample size is refused, naming the flag.
-  rc, _, err = _run_binary([*args, '--clients_per_round=10'], timeout=120)
-  assert rc != 0 and '--clients_per_round: stored 5, given 10' in err
+  error = binary_runs.run_fedcg_in_process([*args, '--clients_per_round=10'])
+  assert '--clients_per_round: stored 5, given 10' in error, error
 
 
 if __name__ == '__main__':

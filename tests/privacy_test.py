@@ -400,22 +400,25 @@ def test_binary_writes_table_2_grid_and_tensorboard(tmp_path):
   assert events and events[0].startswith('events.out.tfevents')
 
 
-@pytest.mark.parametrize('args, message', [
-    (['--num_images=3', '--attack_batch_size=2'], '--num_images=3'),
-    (['--results=fedsplit=/nonexistent.json'], '--results'),
-    # A shared-init FedCG run cannot stand for the private-init row.
-    (['--algorithms=fedcg_private', '--results=fedcg_private={shared_run}'],
-     "trained with client_init 'shared', row fedcg_private needs 'private'"),
-])
-def test_binary_names_the_bad_flag(tmp_path, args, message):
+def test_binary_names_the_bad_flag(tmp_path):
   shared_run = tmp_path / 'results.json'
   shared_run.write_text(json.dumps({
       'algorithm': 'fedcg', 'client_init': 'shared', 'rounds_run': 1,
       'mean_test_accuracy_at_best_val': 0.5}))
-  args = [a.format(shared_run=shared_run) for a in args]
-  proc = _binary(f'--output_dir={tmp_path / "out"}', *args)
-  assert proc.returncode != 0
-  assert message in proc.stderr
+  cases = [
+      (['--num_images=3', '--attack_batch_size=2'], '--num_images=3'),
+      (['--results=fedsplit=/nonexistent.json'], '--results'),
+      # A shared-init FedCG run cannot stand for the private-init row.
+      (['--algorithms=fedcg_private', f'--results=fedcg_private={shared_run}'],
+       "trained with client_init 'shared', row fedcg_private needs 'private'"),
+  ]
+  # One interpreter for the three (each would import TensorFlow).
+  stops, done = binary_runs.main_calls('run_privacy_attack', [
+      [f'--output_dir={tmp_path / "out"}', *args] for args, _ in cases],
+      timeout=300)
+  assert len(stops) == len(cases), done.stderr[-3000:]
+  for (args, message), stopped in zip(cases, stops):
+    assert stopped is not None and message in stopped, (args, stopped)
   assert not (tmp_path / 'out').exists()
 
 

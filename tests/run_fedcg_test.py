@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 
-from absl import app
 from absl import flags
 from absl.testing import flagsaver
 import psutil
@@ -30,24 +29,7 @@ def _run(args, timeout=600):
   return done.returncode, done.stdout, done.stderr, workers
 
 
-def _main(args):
-  """`run_fedcg.main` in this process with these flags; returns the usage
-  error or exit message it stops with (None if it ran through).
-
-  TF's global seed is cleared first, as in a fresh `run_fedcg` process:
-  tf.data's seeded shuffles depend on it, and earlier tests in this
-  process may have set it (tasks/image_task.py)."""
-  tf.random.set_seed(None)
-  with flagsaver.flagsaver():
-    flags.FLAGS.unparse_flags()
-    try:
-      argv = flags.FLAGS(['run_fedcg', *args])
-      run_fedcg.main(argv)
-    except (app.UsageError, flags.Error) as e:
-      return str(e)
-    except SystemExit as e:
-      return str(e.code)
-  return None
+_main = binary_runs.run_fedcg_in_process
 
 
 @pytest.mark.parametrize('flag,message', [
@@ -231,6 +213,16 @@ def _fake_idx(tmp_path):
   return data
 
 
+def _tensorboard_steps(out, tag):
+  """The steps of every `tag` event in the run's TensorBoard logs, sorted."""
+  steps = []
+  for path in glob.glob(f'{out}/tensorboard/**/events.out.tfevents*',
+                        recursive=True):
+    steps += [e.step for e in tf.compat.v1.train.summary_iterator(path)
+              for v in e.summary.value if v.tag == tag]
+  return sorted(steps)
+
+
 def _gone(pids):
   """Whether none of `pids` is a live process any more."""
   return not [p for p in pids if psutil.pid_exists(p) and
@@ -284,8 +276,9 @@ def test_tiny_fedcg_run_end_to_end(fedcg_run):
   assert len(rows) == 4 and float(rows[0]['mean/gamma']) == 0.0
   for key in ('client_1/g_loss', 'client_0/d_loss', 'server/distill_kl'):
     assert rows[0][key] != ''
-  assert any(f.startswith('events.out.tfevents')
-             for f in os.listdir(out / 'tensorboard'))
+  # Every round reached TensorBoard: the events of the last are flushed as
+  # the process exits (runtime's exit skips the final garbage collection).
+  assert _tensorboard_steps(out, 'mean/val_accuracy') == [1, 2, 3, 4]
 
 
 def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
@@ -294,12 +287,14 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
   state is not kept is refused before any work."""
   run, _, _ = fedcg_run
   out = tmp_path / 'inversion'
-  done = binary_runs.run_binary('run_inversion_attack', [
-      f'--run_dir={run}', '--rounds=1,4', '--num_images=2',
-      '--iterations=5', '--latent_iterations=5', '--latent_restarts=1',
-      '--shadow_epochs=1', '--aux_size=24', f'--output_dir={out}'],
-      timeout=600)
-  assert done.returncode == 0, done.stderr[-3000:]
+  # The attack, then a refused round, in one interpreter (one import).
+  stops, done = binary_runs.main_calls('run_inversion_attack', [
+      [f'--run_dir={run}', '--rounds=1,4', '--num_images=2',
+       '--iterations=5', '--latent_iterations=5', '--latent_restarts=1',
+       '--shadow_epochs=1', '--aux_size=24', f'--output_dir={out}'],
+      [f'--run_dir={run}', '--rounds=1,9', f'--output_dir={tmp_path / "x"}'],
+  ])
+  assert len(stops) == 2 and stops[0] is None, (stops, done.stderr[-3000:])
   summary = json.loads((out / 'inversion.json').read_text())
   rows = {(r['round'], r['extractor'], r['target']) for r in summary['rows']}
   assert rows == {(r, e, t) for r in (1, 4)
@@ -314,12 +309,8 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
   table = (out / 'inversion.md').read_text()
   assert '| 4 | fedcg | true E_i (upper bound) | E_i(x) (upper bound) |' in table
   assert (out / 'grid_round_4.png').stat().st_size > 1000
-  done = binary_runs.run_binary('run_inversion_attack', [
-      f'--run_dir={run}', '--rounds=1,9', f'--output_dir={tmp_path / "x"}'],
-      timeout=300)
-  assert done.returncode != 0
-  assert ('--rounds: round 9 needs the state after round 8' in done.stderr
-          and 'rounds [3, 4]' in done.stderr), done.stderr[-2000:]
+  assert ('--rounds: round 9 needs the state after round 8' in stops[1]
+          and 'rounds [3, 4]' in stops[1]), stops[1]
   assert not (tmp_path / 'x').exists()
 
 
@@ -382,16 +373,26 @@ def _wait_for(path, proc, timeout=300):
     time.sleep(0.1)
 
 
-def test_killed_run_resumes_to_the_uninterrupted_result(fedavg_run, data_dir,
-                                                        tmp_path, capfd,
-                                                        monkeypatch):
+def test_terminated_run_stops_promptly_and_resumes_to_the_same_result(
+    fedavg_run, data_dir, tmp_path, capfd, monkeypatch):
+  """SIGTERM (a CI time limit, `kill`) between rounds: the run exits at
+  once with 128 + SIGTERM, leaving no TFF worker and its saved rounds; the
+  resumed run stops cleanly on a NaN, then resumes to the uninterrupted
+  result. (A SIGKILL there leaves the same files: everything before the
+  hold is written. That no worker outlives a SIGKILL is runtime_test's.)
+  """
   whole, _ = fedavg_run
   args = [f'--data_dir={data_dir}', *_FEDAVG_RUN]
   broken = tmp_path / 'broken'
   proc = _start(broken, args, env={'FEDCG_TEST_HOLD_ROUND': '3'})
   _wait_for(broken / 'checkpoints' / 'round_2', proc)
-  os.killpg(proc.pid, signal.SIGKILL)  # Power loss: no handler runs.
-  proc.communicate()
+  children = psutil.Process(proc.pid).children(recursive=True)
+  assert children  # TFF's worker.
+  proc.send_signal(signal.SIGTERM)
+  proc.communicate(timeout=30)
+  assert proc.returncode == 128 + signal.SIGTERM
+  _, alive = psutil.wait_procs(children, timeout=10)
+  assert not alive
   assert not (broken / 'results.json').exists()
 
   # The resumed run (in this process from here on: the rest is not about
@@ -412,30 +413,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(fedavg_run, data_dir,
   assert 'resuming after round 2' in capfd.readouterr().out
   _assert_same_run(broken, whole)
   # TensorBoard holds every round once.
-  steps = []
-  for path in glob.glob(f'{broken}/tensorboard/**/events.out.tfevents*',
-                        recursive=True):
-    steps += [e.step for e in tf.compat.v1.train.summary_iterator(path)
-              for v in e.summary.value if v.tag == 'mean/val_accuracy']
-  assert sorted(steps) == [1, 2, 3, 4]
+  assert _tensorboard_steps(broken, 'mean/val_accuracy') == [1, 2, 3, 4]
   # Rerunning it, or other flags into it: test_finished_run_is_reported_or_
   # refused_before_tensorflow.
-
-
-def test_sigterm_stops_promptly_leaving_no_child(data_dir, tmp_path):
-  """(Resuming is the same as after the SIGKILL above.)"""
-  termed = tmp_path / 'termed'
-  proc = _start(termed, [f'--data_dir={data_dir}', *_FEDAVG_RUN],
-                env={'FEDCG_TEST_HOLD_ROUND': '2'})
-  _wait_for(termed / 'checkpoints' / 'round_1', proc)
-  children = psutil.Process(proc.pid).children(recursive=True)
-  assert children  # TFF's worker.
-  proc.send_signal(signal.SIGTERM)
-  proc.communicate(timeout=30)
-  assert proc.returncode == 128 + signal.SIGTERM
-  _, alive = psutil.wait_procs(children, timeout=10)
-  assert not alive
-  assert (termed / 'checkpoints' / 'round_1').exists()
 
 
 if __name__ == '__main__':
