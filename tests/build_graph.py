@@ -80,7 +80,7 @@ def imports(path: str) -> tuple[set[str], set[str]]:
 
 def binaries_run(path: str) -> set[str]:
   """Binaries `path` starts as processes (tests: `run_binary('name')`,
-  `BinaryRun('name')`;
+  `BinaryRun('name')`, `main_calls('name', ...)`;
   binaries/common.py starts run_fedcg)."""
   with open(os.path.join(ROOT, path)) as f:
     tree = ast.parse(f.read())
@@ -89,7 +89,7 @@ def binaries_run(path: str) -> set[str]:
     if (isinstance(node, ast.Call) and node.args and
         isinstance(node.args[0], ast.Constant) and
         getattr(node.func, 'attr', getattr(node.func, 'id', '')) in
-        ('run_binary', 'BinaryRun')):
+        ('run_binary', 'BinaryRun', 'main_calls')):
       found.add(node.args[0].value)
   if path == 'binaries/common.py':
     found.add('run_fedcg')
