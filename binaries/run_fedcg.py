@@ -522,6 +522,8 @@ def main(argv):
         writer=writer,
         log=lambda line: print(line, flush=True),
         checkpoints=checkpoints)
+  except checkpoint.StateMismatch as e:
+    sys.exit(f'Cannot resume: {e}. Nothing was changed.')
   except round_loop.NumericalFault as e:
     good = checkpoints.latest_round()
     sys.exit(f'Numerical fault: {e}. The run stopped; rounds 1-{good} are '

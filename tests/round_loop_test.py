@@ -249,8 +249,31 @@ def test_pack_and_unpack_round_trip():
   back = checkpoint.unpack(packed, structure)
   np.testing.assert_array_equal(back[0]['a'], structure[0]['a'])
   assert back[0]['b'][0].dtype == np.int32 and int(back[0]['b'][0]) == 7
-  with pytest.raises(ValueError, match='other flags'):
+  with pytest.raises(checkpoint.StateMismatch,
+                     match='holds 8 float32 values, fewer than the state'):
     checkpoint.unpack(packed, (structure, [np.ones(1, np.float32)]))
+  with pytest.raises(checkpoint.StateMismatch, match='the state needs 7'):
+    checkpoint.unpack(packed, (structure[0], [np.ones(1, np.float32)]))
+
+
+def test_a_save_of_another_state_stops_the_resume_naming_it(tmp_path):
+  """A save written for other networks (here: client weights of 4 values,
+  where this code's state has 3) is not damage: resume stops naming the
+  save, and every save stays where it was."""
+  checkpoints = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
+  other = _ScriptedAlgorithm([[0.1], [0.2]], [[0.1], [0.2]])
+  state = other.state
+  other.state = lambda: (state()[0], [{'weights': np.zeros(4, np.float32)}])
+  round_loop.run(other, lambda r: [r], [None], [None], max_rounds=2,
+                 patience=9, log=lambda _: None, checkpoints=checkpoints)
+  this = _ScriptedAlgorithm([[0.1], [0.2]], [[0.1], [0.2]])
+  with pytest.raises(checkpoint.StateMismatch,
+                     match=r'round_2: it holds 4 float32 values, the state '
+                           r'needs 3: was it written by another version'):
+    round_loop.run(this, lambda r: [r], [None], [None], max_rounds=3,
+                   patience=9, log=lambda _: None, checkpoints=checkpoints)
+  assert checkpoints.kept_rounds() == [1, 2]
+  assert not glob.glob(str(tmp_path / 'ckpt' / 'damaged_*'))
 
 
 if __name__ == '__main__':

@@ -45,6 +45,13 @@ class DamagedState(Exception):
 # (DataLossError and the other OpErrors), a broken protobuf or zip (a
 # garbled compression-method byte: NotImplementedError), short or garbled
 # arrays (a garbled shape: OverflowError or MemoryError).
+class StateMismatch(ValueError):
+  """A save that reads back intact but holds another state than the one it
+  should restore (other sizes or dtypes): written by another version of the
+  code, or for other networks. Not damage, so nothing is set aside: the run
+  stops, naming the file (`resume`, `client_store`)."""
+
+
 READ_ERRORS = (tf.errors.OpError, protobuf_message.DecodeError, ValueError,
                OSError, KeyError, EOFError, zipfile.BadZipFile,
                NotImplementedError, OverflowError, MemoryError, DamagedState)
@@ -65,28 +72,33 @@ def pack(structure: Any) -> dict[str, np.ndarray]:
   return {dtype: np.concatenate(parts) for dtype, parts in groups.items()}
 
 
+_OTHER_CODE = (': was it written by another version of the code? Resume '
+               'it with that version, or start in a new output directory')
+
+
 def unpack(packed: dict[str, np.ndarray], template: Any) -> Any:
   """The inverse of `pack`, with shapes, dtypes and containers from
-  `template` (a structure like the one that was packed)."""
+  `template` (a structure like the one that was packed). Raises
+  `StateMismatch` if `packed` holds other sizes or dtypes."""
   offsets = {dtype: 0 for dtype in packed}
   leaves = []
   for leaf in tf.nest.flatten(template):
     leaf = np.asarray(leaf)
     dtype = leaf.dtype.name
     if dtype not in packed:
-      raise ValueError(f'checkpoint holds no {dtype} values')
+      raise StateMismatch(f'it holds no {dtype} values, the state needs '
+                          'some' + _OTHER_CODE)
     start = offsets[dtype]
     offsets[dtype] = start + leaf.size
     if offsets[dtype] > packed[dtype].size:
-      raise ValueError('checkpoint is smaller than the state it restores '
-                       '(was it written with other flags?)')
+      raise StateMismatch(f'it holds {packed[dtype].size} {dtype} values, '
+                          'fewer than the state needs' + _OTHER_CODE)
     leaves.append(packed[dtype][start:offsets[dtype]].reshape(leaf.shape)
                   .astype(leaf.dtype))
   for dtype, used in offsets.items():
     if used != packed[dtype].size:
-      raise ValueError(f'checkpoint holds {packed[dtype].size} {dtype} '
-                       f'values, the state needs {used} (was it written '
-                       'with other flags?)')
+      raise StateMismatch(f'it holds {packed[dtype].size} {dtype} values, '
+                          f'the state needs {used}' + _OTHER_CODE)
   return tf.nest.pack_sequence_as(template, leaves)
 
 
@@ -126,7 +138,8 @@ class Checkpoints:
     deleted), named in a message, and the next older one is tried; if none
     is intact the run starts over, saying so. Any other error of `restore`
     is a fault of the caller, not of the save: it propagates, with the save
-    left in place.
+    left in place; so does a save of another state (`StateMismatch`, the
+    message naming it).
     """
     versions = asyncio.run(self._manager.get_versions()) or []
     limit = None  # Saves from this round on need a damaged client state.
@@ -147,6 +160,8 @@ class Checkpoints:
           return version
         except DamagedState as e:
           error = e
+        except StateMismatch as e:
+          raise StateMismatch(f'{self.path(version)}: {e}') from None
       aside = self._set_aside(version)
       if isinstance(error, DamagedState) and error.rounds_done is not None:
         limit = min(error.rounds_done, version if limit is None else limit)

@@ -157,9 +157,13 @@ class DiskClientStore:
       if i in initial:
         states.append(initial[i])
         continue
-      with np.load(self.path(i, self._versions[i][-1])) as f:
+      path = self.path(i, self._versions[i][-1])
+      with np.load(path) as f:
         packed = {dtype: f[dtype] for dtype in f.files}
-      states.append(checkpoint.unpack(packed, self._template))
+      try:
+        states.append(checkpoint.unpack(packed, self._template))
+      except checkpoint.StateMismatch as e:
+        raise checkpoint.StateMismatch(f'{path}: {e}') from None
     self.max_loaded = max(self.max_loaded, len(states))
     return states
 
@@ -205,6 +209,8 @@ class DiskClientStore:
         with np.load(path) as f:
           checkpoint.unpack({dtype: f[dtype] for dtype in f.files},
                             self._template)
+      except checkpoint.StateMismatch as e:  # Intact, not this code's.
+        raise checkpoint.StateMismatch(f'{path}: {e}') from None
       except checkpoint.READ_ERRORS as e:
         aside = os.path.join(self.directory,
                              'damaged_' + os.path.basename(path))
