@@ -120,7 +120,15 @@ def test_driver_spreads_its_rounds_over_the_workers(two_workers,
                          workers=two_workers)
   assert spread.runner.workers is two_workers
   data = [_data(i) for i in range(NUM_CLIENTS)]
-  assert single.run_round(0, data) == spread.run_round(0, data)
+  start = _cpu_by_pid()
+  metrics = single.run_round(0, data)
+  before = _cpu_by_pid()
+  default_context = _grew(start, before)
+  assert spread.run_round(0, data) == metrics
+  # Both of the pool's workers ran clients (this computation is new to
+  # them, so each spends clearly measurable CPU time): a driver that kept
+  # the pool but ran its rounds in the default context fails this.
+  assert len(_grew(before, _cpu_by_pid()) - default_context) == 2
   _assert_identical(single.state(), spread.state())
 
 
