@@ -119,15 +119,17 @@ def test_driver_spreads_its_rounds_over_the_workers(two_workers,
   spread = driver.Driver(TINY, NUM_CLIENTS, fedavg_process,
                          workers=two_workers)
   assert spread.runner.workers is two_workers
-  data = [_data(i) for i in range(NUM_CLIENTS)]
+  # 128 images a client: a shard's training is tenths of a CPU second,
+  # clearly above an idle worker's (0.02 s seen); with 16 a one-client
+  # shard used 0.08 s in a full-suite run.
+  data = [_data(i, n=128) for i in range(NUM_CLIENTS)]
   start = _cpu_by_pid()
   metrics = single.run_round(0, data)
   before = _cpu_by_pid()
   default_context = _grew(start, before)
   assert spread.run_round(0, data) == metrics
-  # Both of the pool's workers ran clients (this computation is new to
-  # them, so each spends clearly measurable CPU time): a driver that kept
-  # the pool but ran its rounds in the default context fails this.
+  # Both of the pool's workers ran clients: a driver that kept the pool
+  # but ran its rounds in the default context fails this.
   assert len(_grew(before, _cpu_by_pid()) - default_context) == 2
   _assert_identical(single.state(), spread.state())
 
