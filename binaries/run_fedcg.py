@@ -523,7 +523,8 @@ def main(argv):
         log=lambda line: print(line, flush=True),
         checkpoints=checkpoints)
   except checkpoint.StateMismatch as e:
-    sys.exit(f'Cannot resume: {e}. Nothing was changed.')
+    sys.exit(f'Cannot resume: {e} Resume it with that version, or start '
+             'in a new --output_dir; this save was left in place.')
   except round_loop.NumericalFault as e:
     good = checkpoints.latest_round()
     sys.exit(f'Numerical fault: {e}. The run stopped; rounds 1-{good} are '

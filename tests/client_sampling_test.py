@@ -256,6 +256,36 @@ def test_disk_store_keeps_two_versions_and_rolls_back(tmp_path):
     client_store.DiskClientStore(str(tmp_path), 2, initialize, _toy_state(0))
 
 
+def test_disk_store_names_a_state_of_another_shape_and_sets_it_aside_only_if_damaged(
+    tmp_path):
+  """A client file of another state (2000 weights where this code has 3) is
+  not damage: check and load stop naming it and leave it in place. A
+  damaged one that reads short is set aside as damage."""
+  wide = lambda v: {'w': np.full([2000], v, np.float32),
+                    'step': np.int64(v)}
+  client_store.DiskClientStore(str(tmp_path), 1, None, wide(0)).save(
+      1, [0], [wide(7)])
+  store = client_store.DiskClientStore(
+      str(tmp_path), 1, lambda ids: [_toy_state(0) for _ in ids],
+      _toy_state(0))
+  for read in (store.check, lambda: store.load([0])):
+    with pytest.raises(checkpoint.StateMismatch,
+                       match=r'client_00000\.r000001\.npz: it holds 2000 '
+                             r'float32 values, the state needs 3'):
+      read()
+  assert os.listdir(tmp_path) == ['client_00000.r000001.npz']
+  # The same file with a garbled shape in its array header: it reads short
+  # (2 of its 8 kB), so zip's checksum is never reached; the zip's own test
+  # then finds the damage, and the file is set aside.
+  path = tmp_path / 'client_00000.r000001.npz'
+  data = path.read_bytes()
+  assert data.count(b"'shape': (2000,)") == 1
+  path.write_bytes(data.replace(b"'shape': (2000,)", b"'shape': (2,)   "))
+  with pytest.raises(checkpoint.DamagedState, match='is damaged'):
+    store.check()
+  assert os.listdir(tmp_path) == ['damaged_client_00000.r000001.npz']
+
+
 # ---------------------------------------------------------------------------
 # Rounds with 52 tiny clients, 5 a round.
 

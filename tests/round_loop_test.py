@@ -239,6 +239,19 @@ def test_non_finite_values_stop_the_run_naming_them(tmp_path):
                                 'client_0/d_loss': float('nan')}, ({}, []))
 
 
+def test_each_round_reaches_tensorboard_when_written(tmp_path):
+  """Every `write` is on disk at once (TF flushes a summary writer as its
+  `as_default()` context ends, which TFF's release manager uses), with the
+  writer still alive: so no event waits for a finaliser at exit, where
+  `execution.runtime` freezes the garbage collector."""
+  writer = run_files.MetricsWriter(str(tmp_path))
+  for r in (1, 2, 3):
+    writer.write(r, {'mean/val_accuracy': 0.1 * r})
+    assert _tensorboard_steps(tmp_path / 'tensorboard') == list(
+        range(1, r + 1))
+  del writer
+
+
 def test_pack_and_unpack_round_trip():
   structure = ({'a': np.arange(6, dtype=np.float32).reshape(2, 3),
                 'b': (np.int32(7), np.arange(3, dtype=np.int64))},

@@ -183,7 +183,8 @@ def _shutdown_at_exit() -> None:
   hooks, 0.3 s with the freeze). Nothing is lost: objects still reachable
   are released as modules are cleared, as before; only cyclic garbage is
   left to the OS, and our files are written and closed (atomically, most)
-  before exit, never by a finaliser.
+  before exit, never by a finaliser (TensorBoard's events too: TF flushes
+  its writer after every release, tests/round_loop_test.py).
   """
   shutdown_workers()
   _disarm_service_managers()

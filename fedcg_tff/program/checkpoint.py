@@ -41,17 +41,22 @@ class DamagedState(Exception):
     self.rounds_done = rounds_done
 
 
-# What reading a damaged file raises: TF's checksum and format errors
-# (DataLossError and the other OpErrors), a broken protobuf or zip (a
-# garbled compression-method byte: NotImplementedError), short or garbled
-# arrays (a garbled shape: OverflowError or MemoryError).
 class StateMismatch(ValueError):
   """A save that reads back intact but holds another state than the one it
   should restore (other sizes or dtypes): written by another version of the
   code, or for other networks. Not damage, so nothing is set aside: the run
-  stops, naming the file (`resume`, `client_store`)."""
+  stops, naming the file (`resume`, `client_store`). It is a ValueError,
+  which READ_ERRORS holds: catch it before them.
+
+  Not caught here: a save whose *structure* differs (another set of dtypes)
+  fails in TFF's load against the template with a ValueError and is still
+  taken for damage (set aside, nothing deleted)."""
 
 
+# What reading a damaged file raises: TF's checksum and format errors
+# (DataLossError and the other OpErrors), a broken protobuf or zip (a
+# garbled compression-method byte: NotImplementedError), short or garbled
+# arrays (a garbled shape: OverflowError or MemoryError).
 READ_ERRORS = (tf.errors.OpError, protobuf_message.DecodeError, ValueError,
                OSError, KeyError, EOFError, zipfile.BadZipFile,
                NotImplementedError, OverflowError, MemoryError, DamagedState)
@@ -72,8 +77,7 @@ def pack(structure: Any) -> dict[str, np.ndarray]:
   return {dtype: np.concatenate(parts) for dtype, parts in groups.items()}
 
 
-_OTHER_CODE = (': was it written by another version of the code? Resume '
-               'it with that version, or start in a new output directory')
+_OTHER_CODE = ': was it written by another version of the code?'
 
 
 def unpack(packed: dict[str, np.ndarray], template: Any) -> Any:
