@@ -6,12 +6,12 @@ import json
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from fedcg_tff.program import checkpoint
 from fedcg_tff.program import round_loop
 from fedcg_tff.program import run_record
 from fedcg_tff.program import run_files
+from tests import event_logs
 
 
 class _ScriptedAlgorithm:
@@ -104,17 +104,6 @@ def test_prepare_output_dir_refuses_foreign_or_different_runs(tmp_path):
   assert json.loads((new / 'run.json').read_text()) == definition
 
 
-def _tensorboard_steps(directory):
-  steps = []
-  for path in glob.glob(f'{directory}/**/events.out.tfevents*',
-                        recursive=True):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        if value.tag == 'mean/val_accuracy':
-          steps.append(event.step)
-  return sorted(steps)
-
-
 def test_run_resumes_from_checkpoints(tmp_path):
   val = [[0.1 * r, 0.2] for r in range(6)]
   test = [[0.05 * r, 0.1] for r in range(6)]
@@ -145,7 +134,7 @@ def test_run_resumes_from_checkpoints(tmp_path):
     rows = list(csv.DictReader(f))
   assert [int(r['round']) for r in rows] == [1, 2, 3, 4, 5, 6]
   assert float(rows[3]['mean/val_accuracy']) == pytest.approx(0.25)  # Not 9.
-  assert _tensorboard_steps(tmp_path / 'tensorboard') == [1, 2, 3, 4, 5, 6]
+  assert event_logs.steps(tmp_path / 'tensorboard') == [1, 2, 3, 4, 5, 6]
   # A finished run that is started again does nothing more.
   third = _ScriptedAlgorithm(val, test)
   again = round_loop.run(third, lambda r: [r], [None, None], [None, None],
@@ -247,9 +236,8 @@ def test_each_round_reaches_tensorboard_when_written(tmp_path):
   writer = run_files.MetricsWriter(str(tmp_path))
   for r in (1, 2, 3):
     writer.write(r, {'mean/val_accuracy': 0.1 * r})
-    assert _tensorboard_steps(tmp_path / 'tensorboard') == list(
+    assert event_logs.steps(tmp_path / 'tensorboard') == list(
         range(1, r + 1))
-  del writer
 
 
 def test_pack_and_unpack_round_trip():
