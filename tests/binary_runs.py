@@ -104,23 +104,28 @@ for args in json.loads(sys.argv[2]):
       stopped = None
     except (app.UsageError, flags.Error) as e:
       stopped = str(e)
+    except SystemExit as e:
+      stopped = str(e.code)
   print('MAIN_CALL', json.dumps(stopped), flush=True)
 """
 
 
-def main_calls(module: str, arg_lists, timeout: float = 600):
+def main_calls(module: str, arg_lists, timeout: float = 600,
+               cwd: str = ROOT):
   """`binaries.<module>.main` called once per flag list, in turn, in one
-  fresh interpreter (one import of TensorFlow and TFF for them all).
+  fresh interpreter (one import of TensorFlow and TFF for them all), run
+  from `cwd`.
 
-  Returns (the usage error each call stopped with, or None if it ran
-  through; the CompletedProcess). For binaries that cannot run in the
-  test's own process (see the module docstring).
+  Returns (the usage error or exit message each call stopped with, or None
+  if it ran through; the CompletedProcess, whose stdout has a line
+  `MAIN_CALL <stop>` after each call's output). For binaries that cannot
+  run in the test's own process (see the module docstring).
   """
   import json  # pylint: disable=g-import-not-at-top
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
   done = subprocess.run(
       [sys.executable, '-c', _MAIN_CALLS, module, json.dumps(arg_lists)],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+      cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
   stops = [json.loads(line.split(' ', 1)[1])
            for line in done.stdout.splitlines()
            if line.startswith('MAIN_CALL ')]

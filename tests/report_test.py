@@ -167,26 +167,27 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
     for name in ('checkpoints', 'tensorboard'):
       shutil.rmtree(os.path.join(run, name))
   shutil.copytree(out / 'fmnist', tmp_path / 'flat')
-  remade = _sweep(['--output_dir=flat', *args[1:-1], '--report_only',
-                   '--notask_dirs'], timeout=300, cwd=tmp_path)
-  assert remade.returncode == 0, remade.stderr[-3000:]
-  assert (tmp_path / 'flat' / 'results.md').read_text() == table
-  assert ((tmp_path / 'flat' / 'paper_fmnist.md').read_text() ==
-          (out / 'paper_fmnist.md').read_text())
-  assert (tmp_path / 'flat' / 'curves_fmnist.png').exists()
-  assert 'already holds' not in remade.stdout  # Nothing ran.
-  # Rerunning skips a finished run; other run flags are refused rather than
-  # mixed into the table (one of the four runs shows both).
+  # Then rerunning skips a finished run, and other run flags are refused
+  # rather than mixed into the table (one of the four runs shows both).
+  # These three calls share one interpreter (one import of TensorFlow).
   one_run = ['--output_dir=sweep', '--algorithms=local', '--tasks=fmnist',
              '--seeds=3']
-  again = _sweep([*one_run, args[-1]], timeout=300, cwd=tmp_path)
-  assert again.returncode == 0, again.stderr[-3000:]
-  assert again.stdout.count('already holds this finished run') == 1
-  changed = _sweep([*one_run, args[-1] + ' --lr=0.001'], timeout=300,
-                   cwd=tmp_path)
-  assert changed.returncode != 0
-  assert '--lr: stored 0.0003, given 0.001' in changed.stderr
-  assert '1 run(s) failed' in changed.stderr
+  stops, done = binary_runs.main_calls('run_experiments', [
+      ['--output_dir=flat', *args[1:-1], '--report_only', '--notask_dirs'],
+      [*one_run, args[-1]],
+      [*one_run, args[-1] + ' --lr=0.001'],
+  ], timeout=300, cwd=tmp_path)
+  assert len(stops) == 3, done.stderr[-3000:]
+  remade, again, changed = done.stdout.split('MAIN_CALL ')[:3]
+  assert stops[:2] == [None, None], (stops, done.stderr[-3000:])
+  assert (tmp_path / 'flat' / 'results.md').read_text() == table
+  assert (tmp_path / 'flat' / 'paper_fmnist.md').read_text() == beside
+  assert (tmp_path / 'flat' / 'curves_fmnist.png').exists()
+  assert 'already holds' not in remade  # Nothing ran.
+  assert again.count('already holds this finished run') == 1, again
+  assert stops[2] and '1 run(s) failed' in stops[2], stops
+  assert '--lr: stored 0.0003, given 0.001' in done.stderr
+  assert 'already holds' not in changed
 
 
 def test_sweep_rejects_bad_flags(tmp_path):
