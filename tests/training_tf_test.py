@@ -36,6 +36,46 @@ def test_networks_builds_only_the_named_networks():
     training_tf.PartyNetworks(FedCGConfig(), 'extractor')
 
 
+@pytest.mark.parametrize('model,names', [
+    ('lenet', training_tf.NETWORK_NAMES),
+    ('resnet18', ('extractor', 'classifier'))])  # ResNet's own E and C.
+def test_initial_networks_draw_what_networks_built_in_the_graph_draw(
+    model, names):
+  """InitialNetworks (templates built once, outside the computation's graph)
+  give the draws of networks built in it, bit for bit: the server's draw
+  and a client's under private init (its own seed for E and D, the run's
+  for C and G); and the same weight specs."""
+  config = FedCGConfig(model=model, image_channels=3 if model == 'resnet18'
+                       else 1, client_init='private', seed=4)
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    built = training_tf.PartyNetworks(config, names)
+    initial = training_tf.InitialNetworks(config, names)
+    client = tf.constant(11, tf.int64)
+    draws = {}
+    for name in names:
+      own = 11 if name in ('extractor', 'discriminator') else config.seed
+      draws[name] = (
+          (model_weights.sample_initial(built.model(name),
+                                        tf.constant(config.seed, tf.int64)),
+           initial.initial_weights(name)),
+          (model_weights.sample_initial(built.model(name),
+                                        tf.constant(own, tf.int64)),
+           initial.initial_weights(name, client)))
+      assert initial.trainable_specs(name) == tuple(
+          tf.TensorSpec(v.shape, v.dtype)
+          for v in built.model(name).trainable_weights)
+      assert [(z.shape, z.dtype) for z in initial.zeros(name)] == [
+          (v.shape, v.dtype) for v in built.model(name).weights]
+    values = session.run(draws)
+  for name, pairs in values.items():
+    for in_graph, from_template in pairs:
+      assert len(in_graph) == len(from_template) > 0
+      for a, b in zip(in_graph, from_template):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+  with pytest.raises(AttributeError, match='hold no generator'):
+    training_tf.InitialNetworks(config, ('extractor',)).zeros('generator')
+
+
 @pytest.mark.parametrize('weight_decay', [0.0, 1e-2])
 def test_fused_adam_steps_equal_functional_adam(weight_decay):
   config = FedCGConfig()

@@ -152,19 +152,22 @@ def _zero_server_metrics():
 # Initial states.
 
 
-def _server_trainables(nets: PartyNetworks, baseline: Baseline):
+def _server_trainables(nets, baseline: Baseline):
+  """The trainable weights of what the server trains (None: nothing), of
+  `nets`' networks: PartyNetworks (variables) or InitialNetworks (their
+  templates' weights: shapes and dtypes only)."""
   if baseline.server_distillation:
-    return (nets.extractor.trainable_weights +
-            nets.classifier.trainable_weights)
+    return (nets.model('extractor').trainable_weights +
+            nets.model('classifier').trainable_weights)
   if baseline.server_generator:
-    return nets.generator.trainable_weights
+    return nets.model('generator').trainable_weights
   return None
 
 
 def initial_server_state(config: FedCGConfig, baseline: Baseline,
                          aggregator_state) -> ServerState:
   """Global networks drawn from `config.seed`, round 0."""
-  nets = PartyNetworks(config, baseline.server_networks)
+  nets = training_tf.InitialNetworks(config, baseline.server_networks)
   trainables = _server_trainables(nets, baseline)
   return ServerState(
       shared={name: nets.initial_weights(name) for name in baseline.shared},
@@ -180,16 +183,16 @@ def initial_server_state(config: FedCGConfig, baseline: Baseline,
 
 def initial_client_state(config: FedCGConfig, seed) -> ClientState:
   """A client's E, C and optimizer state; `seed` (int64) is the client's
-  private seed (`PartyNetworks.initial_weights`)."""
-  nets = PartyNetworks(config, ('extractor', 'classifier'))
+  private seed (`InitialNetworks.initial_weights`)."""
+  nets = training_tf.InitialNetworks(config, ('extractor', 'classifier'))
   seed = tf.cast(seed, tf.int64)
   return ClientState(
       extractor=nets.initial_weights('extractor', seed),
       classifier=nets.initial_weights('classifier', seed),
       optimizer=training_tf.initial_optimizer_state(
           training_tf.classification_optimizer(config),
-          nets.extractor.trainable_weights +
-          nets.classifier.trainable_weights),
+          nets.trainable_specs('extractor') +
+          nets.trainable_specs('classifier')),
       seed=seed,
   )
 
@@ -197,8 +200,8 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
 def upload_example(config: FedCGConfig, baseline: Baseline) -> dict:
   """Tensors shaped as one client's upload: its weights (or update) of each
   shared network."""
-  nets = PartyNetworks(config, baseline.shared)
-  return {name: nets.initial_weights(name) for name in baseline.shared}
+  nets = training_tf.InitialNetworks(config, baseline.shared)
+  return {name: nets.zeros(name) for name in baseline.shared}
 
 
 def server_message(state: ServerState) -> ServerMessage:

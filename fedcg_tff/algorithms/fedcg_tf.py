@@ -104,9 +104,9 @@ class ServerMetrics:
 def initial_server_state(config: FedCGConfig, aggregator_state) -> ServerState:
   """G_g and C_g drawn from `config.seed`, a fresh server optimizer, round 0
   (`round_num` is 0-based: program.round_loop.ROUND_NUMBERING)."""
-  nets = PartyNetworks(config, SERVER_NETWORKS)
-  trainable = (nets.generator.trainable_weights +
-               nets.classifier.trainable_weights)
+  nets = training_tf.InitialNetworks(config, SERVER_NETWORKS)
+  trainable = (nets.trainable_specs('generator') +
+               nets.trainable_specs('classifier'))
   return ServerState(
       generator=nets.initial_weights('generator'),
       classifier=nets.initial_weights('classifier'),
@@ -120,10 +120,10 @@ def initial_server_state(config: FedCGConfig, aggregator_state) -> ServerState:
 def initial_client_state(config: FedCGConfig, seed) -> ClientState:
   """A client's E, C, D and optimizer states; `seed` (int64) is the
   client's private seed (noise, and E and D under `client_init='private'`:
-  `PartyNetworks.initial_weights`)."""
-  nets = PartyNetworks(config)
+  `InitialNetworks.initial_weights`)."""
+  nets = training_tf.InitialNetworks(config)
   seed = tf.cast(seed, tf.int64)
-  ec = nets.extractor.trainable_weights + nets.classifier.trainable_weights
+  ec = nets.trainable_specs('extractor') + nets.trainable_specs('classifier')
   init = training_tf.initial_optimizer_state
   return ClientState(
       extractor=nets.initial_weights('extractor', seed),
@@ -133,9 +133,9 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
           training_tf.classification_optimizer(config), ec),
       discriminator_optimizer=init(
           training_tf.gan_optimizer(config),
-          nets.discriminator.trainable_weights),
+          nets.trainable_specs('discriminator')),
       generator_optimizer=init(
-          training_tf.gan_optimizer(config), nets.generator.trainable_weights),
+          training_tf.gan_optimizer(config), nets.trainable_specs('generator')),
       seed=seed,
   )
 
@@ -348,10 +348,10 @@ def server_message(state: ServerState, distill_inputs) -> ServerMessage:
 
 def upload_example(config: FedCGConfig) -> ClientUpload:
   """Tensors shaped as one client's upload (G, C, teacher logits)."""
-  nets = PartyNetworks(config, SERVER_NETWORKS)
+  nets = training_tf.InitialNetworks(config, SERVER_NETWORKS)
   return ClientUpload(
-      generator=model_weights.values(nets.generator),
-      classifier=model_weights.values(nets.classifier),
+      generator=nets.zeros('generator'),
+      classifier=nets.zeros('classifier'),
       teacher_logits=tf.zeros([config.distill_samples, config.num_classes]))
 
 

@@ -13,6 +13,7 @@ runs as TF's fused kernel instead (`FusedAdamSteps`): same state, same
 numbers, one pass over each weight per step.
 """
 
+import functools
 import warnings
 from typing import Any, Callable, Optional
 
@@ -35,6 +36,44 @@ class EvalMetrics:
 NETWORK_NAMES = ('extractor', 'classifier', 'generator', 'discriminator')
 
 
+def _build_network(config: FedCGConfig, name: str) -> tf.keras.Model:
+  """Network `name` of `config`'s family, built in the current graph.
+
+  Reads only `_NETWORK_FIELDS` of `config`.
+
+  Built with the learning phase fixed: in graph mode (inside a TFF
+  computation) every batch-norm layer otherwise traces a `tf.cond` on the
+  symbolic learning phase while the functional model is built (184 of them
+  for ResNet's E and C), and those construction-time graphs are never run:
+  each call re-runs the layers with the `training` it is given. Same values
+  bit for bit (checked on two FedCG rounds); FedCG's ResNet-18 process
+  built in 30 s instead of 43 s.
+  """
+  model = config.model
+  if name == 'extractor':
+    build = lambda: families.build_extractor(model, config.image_channels)
+  elif name == 'classifier':
+    build = lambda: families.build_classifier(model, config.num_classes)
+  elif name == 'generator':
+    build = lambda: families.build_generator(model, config.num_classes,
+                                             config.noise_dim)
+  else:
+    build = lambda: families.build_discriminator(model, config.num_classes)
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', UserWarning)  # "deprecated": see above.
+    with tf.keras.backend.learning_phase_scope(0):
+      return build()
+
+
+def _check_names(names) -> None:
+  if isinstance(names, str):
+    raise TypeError(f'names must be a sequence of names, got {names!r}')
+  unknown = set(names) - set(NETWORK_NAMES)
+  if unknown:
+    raise ValueError(f'Unknown networks {sorted(unknown)}; '
+                     f'choose from {NETWORK_NAMES}')
+
+
 class PartyNetworks:
   """The Keras networks of one party, built once per graph.
 
@@ -42,40 +81,16 @@ class PartyNetworks:
   builds only those it uses: in graph mode the generator and discriminator
   take ~0.2 s each to build, and TFF builds a fresh set in every traced
   computation (evaluation needs only E and C). Using a network not built is
-  an `AttributeError` naming it.
+  an `AttributeError` naming it. Computations that only draw initial
+  weights or need the weights' shapes use `InitialNetworks` instead, which
+  builds nothing in their graph.
   """
 
   def __init__(self, config: FedCGConfig, names=NETWORK_NAMES):
-    if isinstance(names, str):
-      raise TypeError(f'names must be a sequence of names, got {names!r}')
-    unknown = set(names) - set(NETWORK_NAMES)
-    if unknown:
-      raise ValueError(f'Unknown networks {sorted(unknown)}; '
-                       f'choose from {NETWORK_NAMES}')
+    _check_names(names)
     self.config = config
-    model = config.model
-    builders = {
-        'extractor': lambda: families.build_extractor(model,
-                                                    config.image_channels),
-        'classifier': lambda: families.build_classifier(model,
-                                                      config.num_classes),
-        'generator': lambda: families.build_generator(model, config.num_classes,
-                                                    config.noise_dim),
-        'discriminator': lambda: families.build_discriminator(
-            model, config.num_classes),
-    }
-    # Built with the learning phase fixed: in graph mode (inside a TFF
-    # computation) every batch-norm layer otherwise traces a `tf.cond` on
-    # the symbolic learning phase while the functional model is built
-    # (184 of them for ResNet's E and C), and those construction-time
-    # graphs are never run: each call re-runs the layers with the `training`
-    # it is given. Same values bit for bit (checked on two FedCG rounds);
-    # FedCG's ResNet-18 process built in 30 s instead of 43 s.
-    with warnings.catch_warnings():
-      warnings.simplefilter('ignore', UserWarning)  # "deprecated": see above.
-      with tf.keras.backend.learning_phase_scope(0):
-        self._models = {name: builders[name]() for name in NETWORK_NAMES
-                        if name in names}
+    self._models = {name: _build_network(config, name)
+                    for name in NETWORK_NAMES if name in names}
     # Adam's moment estimates of every trainable weight, for FusedAdamSteps
     # (variables must be made here, outside the training `tf.function`s).
     self._moments = {}
@@ -105,6 +120,59 @@ class PartyNetworks:
   def adam_moments(self, variables):
     """The (first, second) moment variables of each of `variables`."""
     return [self._moments[v.ref()] for v in variables]
+
+
+# What the networks' builders read of a config.
+_NETWORK_FIELDS = ('model', 'image_channels', 'num_classes', 'noise_dim')
+
+
+@functools.lru_cache(maxsize=32)
+def _template(fields: tuple, name: str) -> tf.keras.Model:
+  """Network `name` built once per process, in a graph of its own that is
+  never run: its weights' names, shapes, dtypes and initialisers (what
+  `model_weights.sample_initial` reads), nothing of its graph. `fields`:
+  the values of `_NETWORK_FIELDS`."""
+  with tf.Graph().as_default():
+    return _build_network(FedCGConfig(**dict(zip(_NETWORK_FIELDS, fields))),
+                          name)
+
+
+class InitialNetworks:
+  """The networks' initial weights and weight shapes, for the computations
+  that need nothing else of them (initial server and client states, the
+  upload's type).
+
+  Building Keras networks inside a traced computation is most of what
+  tracing these costs (the functional API runs every layer once at
+  construction: ResNet-18's E and C take ~0.8 s a build), and TFF traces
+  each computation on its own. Here each network is built once per process
+  in a graph of its own (`_template`), and a computation adds only the ops
+  that draw its weights: the same stateless draws from the same
+  initialisers as from a network built in the computation's graph.
+  """
+
+  def __init__(self, config: FedCGConfig, names=NETWORK_NAMES):
+    _check_names(names)
+    self.config = config
+    self._names = tuple(names)
+
+  def model(self, name: str) -> tf.keras.Model:
+    """Network `name`'s template (read its weights' specs, never run it)."""
+    if name not in self._names:
+      raise AttributeError(f'These InitialNetworks hold no {name} '
+                           f'(held: {self._names})')
+    return _template(tuple(getattr(self.config, f) for f in _NETWORK_FIELDS),
+                     name)
+
+  def trainable_specs(self, name: str) -> tuple[tf.TensorSpec, ...]:
+    """Shapes and dtypes of network `name`'s trainable weights, in order
+    (what an optimizer's state is initialised for)."""
+    return tuple(tf.TensorSpec(v.shape, v.dtype)
+                 for v in self.model(name).trainable_weights)
+
+  def zeros(self, name: str) -> tuple[tf.Tensor, ...]:
+    """Zeros shaped as network `name`'s weights (`model.weights` order)."""
+    return tuple(tf.zeros(v.shape, v.dtype) for v in self.model(name).weights)
 
   def initial_weights(self, name: str, client_seed=None) -> tuple:
     """Initial weights of network `name` for the server (no `client_seed`)

@@ -203,7 +203,7 @@ def round_one_networks(config: FedCGConfig, threat: ThreatModel,
   `initial_server_state` draws them) for what is shared, and the client's
   own initial extractor where E is private: the same public draw under
   shared init, a draw from `client_seed` under private init (as
-  `training_tf.PartyNetworks.initial_weights` draws a client's state)."""
+  `training_tf.InitialNetworks.initial_weights` draws a client's state)."""
   e_seed = (client_seed if threat.private_extractor and
             threat.client_init == 'private' else config.seed)
   draw = lambda build, s: tuple(np.asarray(v) for v in (
