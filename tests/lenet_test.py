@@ -106,7 +106,7 @@ _FAN_IN = {'conv1': 5 * 5 * 1, 'conv2': 5 * 5 * 6, 'fc1': 400, 'fc2': 120,
 def test_extractor_and_classifier_follow_pytorch_default_init(draw):
   """Kernel and bias of every conv and dense layer of E and C uniform in
   +-1/sqrt(fan_in), as PyTorch's Conv2d / Linear leave them (published
-  code), both as Keras builds them and as `sample_initial_weights` (what
+  code), both as Keras builds them and as `model_weights.sample_initial` (what
   every run uses) redraws them."""
   pooled = []  # Every value divided by its layer's bound.
   for model in (lenet.build_extractor(1), lenet.build_classifier(10)):
@@ -116,7 +116,9 @@ def test_extractor_and_classifier_follow_pytorch_default_init(draw):
       layer, kind = variable.name.split('/')[:2]
       bound = 1.0 / np.sqrt(_FAN_IN[layer])
       value = np.asarray(value)
-      assert np.abs(value).max() <= bound, variable.name
+      # The bound as a float32 (what the initialiser gets): a draw can round
+      # to it, above the float64 bound (fc1's kernel under TF seed 172).
+      assert np.abs(value).max() <= np.float32(bound), variable.name
       if value.size >= 400:  # Large enough to test the spread itself.
         assert np.abs(value).max() > 0.95 * bound, variable.name
         assert value.std() == pytest.approx(bound / np.sqrt(3), rel=0.1), (

@@ -1,6 +1,7 @@
 """Adam inside training loops: TF's fused kernel gives what
 `tff.learning.optimizers`' functional Adam gives, bit for bit. PartyNetworks
-builds only the networks asked for."""
+builds only the networks asked for; InitialNetworks draws what they draw
+without building them in the caller's graph."""
 
 import numpy as np
 import pytest
@@ -44,7 +45,8 @@ def test_initial_networks_draw_what_networks_built_in_the_graph_draw(
   """InitialNetworks (templates built once, outside the computation's graph)
   give the draws of networks built in it, bit for bit: the server's draw
   and a client's under private init (its own seed for E and D, the run's
-  for C and G); and the same weight specs."""
+  for C and G), with templates built while tracing and built eagerly; and
+  the same weight specs."""
   config = FedCGConfig(model=model, image_channels=3 if model == 'resnet18'
                        else 1, client_init='private', seed=4)
   with tf.Graph().as_default(), tf.compat.v1.Session() as session:
@@ -74,6 +76,30 @@ def test_initial_networks_draw_what_networks_built_in_the_graph_draw(
         np.testing.assert_array_equal(a, b, err_msg=name)
   with pytest.raises(AttributeError, match='hold no generator'):
     training_tf.InitialNetworks(config, ('extractor',)).zeros('generator')
+  # What makes it cheap: no network (no variable) in the caller's graph,
+  # also when the templates are built during the call (cache emptied).
+  training_tf._template.cache_clear()  # pylint: disable=protected-access
+  with tf.Graph().as_default() as graph:
+    initial = training_tf.InitialNetworks(config, names)
+    for name in names:
+      initial.initial_weights(name)
+      initial.zeros(name)
+    assert not [op for op in graph.get_operations()
+                if op.type in ('VarHandleOp', 'VariableV2')]
+  # Eagerly, templates are built eagerly: the same draws, and a network made
+  # before stays usable (Keras invalidates it if a network is then built in
+  # a graph).
+  training_tf._template.cache_clear()  # pylint: disable=protected-access
+  before = training_tf.PartyNetworks(config, names[:1])
+  initial = training_tf.InitialNetworks(config, names)
+  for name in names:
+    for (in_graph, _), eager in zip(values[name], (
+        initial.initial_weights(name),
+        initial.initial_weights(name, tf.constant(11, tf.int64)))):
+      for a, b in zip(in_graph, eager, strict=True):
+        np.testing.assert_array_equal(a, b.numpy(), err_msg=name)
+  inputs = tf.zeros([1, *before.model(names[0]).input_shape[1:]])
+  before.model(names[0])(inputs, training=False)
 
 
 @pytest.mark.parametrize('weight_decay', [0.0, 1e-2])

@@ -127,14 +127,23 @@ _NETWORK_FIELDS = ('model', 'image_channels', 'num_classes', 'noise_dim')
 
 
 @functools.lru_cache(maxsize=32)
-def _template(fields: tuple, name: str) -> tf.keras.Model:
-  """Network `name` built once per process, in a graph of its own that is
-  never run: its weights' names, shapes, dtypes and initialisers (what
-  `model_weights.sample_initial` reads), nothing of its graph. `fields`:
-  the values of `_NETWORK_FIELDS`."""
+def _template(fields: tuple, floatx: str, name: str) -> tf.keras.Model:
+  """Network `name` built once per process, read for its weights' names,
+  shapes, dtypes and initialisers (what `model_weights.sample_initial`
+  reads), never run. `fields`: the values of `_NETWORK_FIELDS`; `floatx`:
+  Keras' float type, which sets the weights' dtype (the DLG attack builds
+  in float64).
+
+  Called while tracing, it builds in a graph of its own, so nothing joins
+  the traced graph. Called eagerly, it builds eagerly: Keras invalidates
+  every eager network made before a network is built in a graph.
+  """
+  del floatx  # Part of the cache key: the build reads it from Keras.
+  config = FedCGConfig(**dict(zip(_NETWORK_FIELDS, fields)))
+  if tf.executing_eagerly():
+    return _build_network(config, name)
   with tf.Graph().as_default():
-    return _build_network(FedCGConfig(**dict(zip(_NETWORK_FIELDS, fields))),
-                          name)
+    return _build_network(config, name)
 
 
 class InitialNetworks:
@@ -162,7 +171,7 @@ class InitialNetworks:
       raise AttributeError(f'These InitialNetworks hold no {name} '
                            f'(held: {self._names})')
     return _template(tuple(getattr(self.config, f) for f in _NETWORK_FIELDS),
-                     name)
+                     tf.keras.backend.floatx(), name)
 
   def trainable_specs(self, name: str) -> tuple[tf.TensorSpec, ...]:
     """Shapes and dtypes of network `name`'s trainable weights, in order

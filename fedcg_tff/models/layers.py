@@ -90,7 +90,7 @@ def torch_default_init(fan_in: int) -> dict:
   PyTorch's kernel draw is `kaiming_uniform_(a=sqrt(5))`: bound
   gain * sqrt(3 / fan_in) with gain sqrt(2 / (1 + a^2)) = sqrt(1 / 3), which
   is 1/sqrt(fan_in); its bias bound is 1/sqrt(fan_in) too. Both are plain
-  `RandomUniform`s here (so `sample_initial_weights` redraws them).
+  `RandomUniform`s here (so `model_weights.sample_initial` redraws them).
   """
   bound = 1.0 / float(fan_in) ** 0.5
   init = lambda: tf.keras.initializers.RandomUniform(-bound, bound)
