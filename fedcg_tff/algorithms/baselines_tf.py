@@ -191,8 +191,8 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
       classifier=nets.initial_weights('classifier', seed),
       optimizer=training_tf.initial_optimizer_state(
           training_tf.classification_optimizer(config),
-          nets.trainable_specs('extractor') +
-          nets.trainable_specs('classifier')),
+          nets.model('extractor').trainable_weights +
+          nets.model('classifier').trainable_weights),
       seed=seed,
   )
 

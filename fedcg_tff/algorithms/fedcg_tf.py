@@ -105,8 +105,8 @@ def initial_server_state(config: FedCGConfig, aggregator_state) -> ServerState:
   """G_g and C_g drawn from `config.seed`, a fresh server optimizer, round 0
   (`round_num` is 0-based: program.round_loop.ROUND_NUMBERING)."""
   nets = training_tf.InitialNetworks(config, SERVER_NETWORKS)
-  trainable = (nets.trainable_specs('generator') +
-               nets.trainable_specs('classifier'))
+  trainable = (nets.model('generator').trainable_weights +
+               nets.model('classifier').trainable_weights)
   return ServerState(
       generator=nets.initial_weights('generator'),
       classifier=nets.initial_weights('classifier'),
@@ -123,7 +123,8 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
   `InitialNetworks.initial_weights`)."""
   nets = training_tf.InitialNetworks(config)
   seed = tf.cast(seed, tf.int64)
-  ec = nets.trainable_specs('extractor') + nets.trainable_specs('classifier')
+  trainable = lambda name: nets.model(name).trainable_weights
+  ec = trainable('extractor') + trainable('classifier')
   init = training_tf.initial_optimizer_state
   return ClientState(
       extractor=nets.initial_weights('extractor', seed),
@@ -133,9 +134,9 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
           training_tf.classification_optimizer(config), ec),
       discriminator_optimizer=init(
           training_tf.gan_optimizer(config),
-          nets.trainable_specs('discriminator')),
+          trainable('discriminator')),
       generator_optimizer=init(
-          training_tf.gan_optimizer(config), nets.trainable_specs('generator')),
+          training_tf.gan_optimizer(config), trainable('generator')),
       seed=seed,
   )
 

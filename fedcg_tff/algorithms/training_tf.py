@@ -155,7 +155,8 @@ class InitialNetworks:
   tracing these costs (the functional API runs every layer once at
   construction: ResNet-18's E and C take ~0.8 s a build), and TFF traces
   each computation on its own. Here each network is built once per process
-  in a graph of its own (`_template`), and a computation adds only the ops
+  (`_template`: in a graph of its own while tracing), and a computation
+  adds only the ops
   that draw its weights: the same stateless draws from the same
   initialisers as from a network built in the computation's graph.
   """
@@ -166,18 +167,13 @@ class InitialNetworks:
     self._names = tuple(names)
 
   def model(self, name: str) -> tf.keras.Model:
-    """Network `name`'s template (read its weights' specs, never run it)."""
+    """Network `name`'s template: read its weights' shapes and dtypes (its
+    `trainable_weights` for `initial_optimizer_state`), never run it."""
     if name not in self._names:
       raise AttributeError(f'These InitialNetworks hold no {name} '
                            f'(held: {self._names})')
     return _template(tuple(getattr(self.config, f) for f in _NETWORK_FIELDS),
                      tf.keras.backend.floatx(), name)
-
-  def trainable_specs(self, name: str) -> tuple[tf.TensorSpec, ...]:
-    """Shapes and dtypes of network `name`'s trainable weights, in order
-    (what an optimizer's state is initialised for)."""
-    return tuple(tf.TensorSpec(v.shape, v.dtype)
-                 for v in self.model(name).trainable_weights)
 
   def zeros(self, name: str) -> tuple[tf.Tensor, ...]:
     """Zeros shaped as network `name`'s weights (`model.weights` order)."""
