@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import tensorflow as tf
 
+from fedcg_tff import graph_code
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.algorithms.training_tf import PartyNetworks
 from fedcg_tff.config import FedCGConfig
@@ -145,6 +146,7 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
 # Client update.
 
 
+@graph_code.plain
 def gamma_ramp(round_num, ramp_rounds: int = 50):
   """gamma = 2 / (1 + exp(-10 p)) - 1 with p = min(round_num / ramp_rounds,
   1), `round_num` the 0-based round index (program.round_loop.ROUND_NUMBERING): 0 in
@@ -153,6 +155,7 @@ def gamma_ramp(round_num, ramp_rounds: int = 50):
   return 2.0 / (1.0 + tf.exp(-10.0 * p)) - 1.0
 
 
+@graph_code.plain
 def feature_distance(kind: str, features, targets):
   """L_dist between extractor features and generated features."""
   if kind == 'mse':
@@ -199,6 +202,7 @@ def train_classification(nets: PartyNetworks, optimizer_state, dataset, gamma,
 PAIRED_D_PASSES = True
 
 
+@graph_code.plain
 def discriminate(discriminator, real, fake, labels):
   """D(real, y) then D(fake, y), both in training mode, as two passes: the
   per-pass batch-norm statistics, moving averages and spectral-norm power

@@ -22,6 +22,7 @@ import tensorflow as tf
 from tensorflow_federated.python.learning.optimizers import adam
 from tensorflow_federated.python.learning.optimizers import sgdm
 
+from fedcg_tff import graph_code
 from fedcg_tff.config import PRIVATE_NETWORKS, FedCGConfig
 from fedcg_tff.models import families
 from fedcg_tff.models import model_weights
@@ -117,6 +118,7 @@ class PartyNetworks:
   generator = property(lambda self: self.model('generator'))
   discriminator = property(lambda self: self.model('discriminator'))
 
+  @graph_code.plain
   def adam_moments(self, variables):
     """The (first, second) moment variables of each of `variables`."""
     return [self._moments[v.ref()] for v in variables]
@@ -199,6 +201,7 @@ class InitialNetworks:
 # Optimizers.
 
 
+@graph_code.plain
 def classification_optimizer(config: FedCGConfig):
   """The client optimizer of E and C: Adam (published code) or plain SGD
   (what `tff.learning`'s FedAvg runs, used by the oracle tests)."""
@@ -208,11 +211,13 @@ def classification_optimizer(config: FedCGConfig):
                          config.adam_epsilon)
 
 
+@graph_code.plain
 def gan_optimizer(config: FedCGConfig):
   return adam.build_adam(config.lr, config.gan_beta1, config.gan_beta2,
                          config.adam_epsilon)
 
 
+@graph_code.plain
 def server_optimizer(config: FedCGConfig):
   """Adam of the server's training steps (distillation, FedGen's generator)."""
   return adam.build_adam(config.lr, config.beta1, config.beta2,
@@ -226,6 +231,7 @@ def initial_optimizer_state(optimizer, variables):
   return tf.nest.map_structure(tf.convert_to_tensor, optimizer.initialize(specs))
 
 
+@graph_code.plain
 def apply_gradients(optimizer, state, variables, gradients, weight_decay=0.0):
   """One functional optimizer step on `variables`; returns the new state.
 
@@ -251,13 +257,16 @@ class FunctionalSteps:
     self.variables = variables
     self.weight_decay = weight_decay
 
+  @graph_code.plain
   def begin(self, state):
     return state
 
+  @graph_code.plain
   def step(self, carry, gradients):
     return apply_gradients(self.optimizer, carry, self.variables, gradients,
                            self.weight_decay)
 
+  @graph_code.plain
   def end(self, carry):
     return carry
 
@@ -282,6 +291,7 @@ class FusedAdamSteps:
     self.weight_decay = weight_decay
     self._state = None
 
+  @graph_code.plain
   def begin(self, state):
     self._state = state
     for (m, v), a, p in zip(self.moments, state['accumulator'],
@@ -290,6 +300,7 @@ class FusedAdamSteps:
       v.assign(p)
     return state['step']
 
+  @graph_code.plain
   def step(self, step, gradients):
     step = step + 1
     state = self._state
@@ -310,6 +321,7 @@ class FusedAdamSteps:
           beta1=beta_1, beta2=beta_2, epsilon=cast(state['epsilon']), grad=g)
     return step
 
+  @graph_code.plain
   def end(self, step):
     state = type(self._state)(self._state)
     state['step'] = step
@@ -321,6 +333,7 @@ class FusedAdamSteps:
 _ADAM = type(adam.build_adam(learning_rate=0.001))
 
 
+@graph_code.plain
 def optimizer_steps(optimizer, nets: PartyNetworks, variables, weight_decay=0.0):
   """FusedAdamSteps for Adam, FunctionalSteps for other optimizers."""
   variables = list(variables)
@@ -345,6 +358,7 @@ class Stamps:
     self.enabled = enabled
     self.values = []
 
+  @graph_code.plain
   def after(self, outputs) -> list:
     if not self.enabled:
       return []
@@ -362,6 +376,7 @@ NOISE_STREAM_GAN = 2  # FedCG stage 2.
 NOISE_STREAM_GENERATED = 3  # FedGen client: (z, y) for CE(C(G(z, y)), y).
 
 
+@graph_code.plain
 def noise(seed, stream, round_num, step, shape):
   """Stateless N(0, 1) noise keyed by (client seed, stream, round, step)."""
   return tf.random.stateless_normal(
@@ -369,6 +384,7 @@ def noise(seed, stream, round_num, step, shape):
                        _stream_key(stream, round_num, step)]))
 
 
+@graph_code.plain
 def uniform_labels(seed, stream, round_num, step, size, num_classes):
   """Stateless uniform class labels keyed like `noise` (a disjoint key)."""
   key = _stream_key(stream, round_num, step) + (1 << 62)
@@ -386,11 +402,13 @@ _xent = tf.keras.losses.SparseCategoricalCrossentropy(
     from_logits=True, reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE)
 
 
+@graph_code.plain
 def cross_entropy(labels, logits):
   """Mean softmax cross-entropy of integer labels."""
   return _xent(labels, logits)
 
 
+@graph_code.plain
 def kl_divergence(teacher_logits, student_logits):
   """KL(softmax(teacher) || softmax(student)), mean over the batch."""
   p = tf.nn.softmax(teacher_logits)
@@ -542,6 +560,7 @@ def distill(nets: PartyNetworks, optimizer_state, variables, student_fn, inputs,
   return optimizer.end(carry), kls.stack()
 
 
+@graph_code.plain
 def loss_summary(values):
   """(mean, first, last) of a vector of per-step losses; zeros if empty."""
   has_steps = tf.size(values) > 0
@@ -550,12 +569,14 @@ def loss_summary(values):
   return mean, pick(0), pick(-1)
 
 
+@graph_code.plain
 def normalized_weights(weights):
   """w_i / sum(w): the ensemble weights of the collected clients."""
   weights = tf.cast(weights, tf.float32)
   return weights / tf.maximum(tf.reduce_sum(weights), 1e-12)
 
 
+@graph_code.plain
 def member(stacked, i):
   """Client i's entry of a structure collected with leading client axis."""
   return tf.nest.map_structure(lambda t: t[i], stacked)

@@ -18,6 +18,7 @@ import threading
 
 import tensorflow as tf
 
+from fedcg_tff import graph_code
 from fedcg_tff.models import small_conv
 
 _PAIRING = threading.local()
@@ -48,6 +49,7 @@ def paired_passes():
     _PAIRING.on = previous
 
 
+@graph_code.plain
 def _paired(training) -> bool:
   return bool(training) and getattr(_PAIRING, 'on', False)
 
@@ -104,6 +106,7 @@ def label_embedding(num_classes, name):
       name=name)
 
 
+@graph_code.plain
 def _bias_and_activation(layer: tf.keras.layers.Layer, outputs):
   """What a Keras conv layer applies after its convolution."""
   if layer.use_bias:
@@ -153,6 +156,7 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
       u = tf.math.l2_normalize(tf.matmul(v, w))
     return tf.stop_gradient(u), tf.stop_gradient(v)
 
+  @graph_code.plain
   def spectral_norm(self, training: bool = False) -> tf.Tensor:
     """The estimate u^T W v of the kernel's largest singular value.
 

@@ -11,7 +11,10 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from fedcg_tff import graph_code
 
+
+@graph_code.plain
 def values(model: tf.keras.Model) -> tuple[tf.Tensor, ...]:
   """All of `model`'s weights as a tuple of tensors (read, not variables)."""
   return tuple(tf.identity(v) for v in model.weights)
@@ -30,6 +33,7 @@ def apply_update(old: Sequence[tf.Tensor], delta: Sequence[tf.Tensor]
   return tuple(o + d for o, d in zip(old, delta, strict=True))
 
 
+@graph_code.plain
 def assign(model: tf.keras.Model, values: Sequence[tf.Tensor]):
   """Assigns `values` (as from `values`) to `model`; returns the ops."""
   if len(values) != len(model.weights):

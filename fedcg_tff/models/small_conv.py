@@ -18,7 +18,10 @@ and their gradients are TensorFlow's own gradients of slices, pads and
 
 import tensorflow as tf
 
+from fedcg_tff import graph_code
 
+
+@graph_code.plain
 def applies(layer: tf.keras.layers.Layer, inputs) -> bool:
   """Whether `layer` is a stride-1, VALID, undilated, ungrouped NHWC conv
   and `inputs` have a known height and width (the windows are cut at trace
@@ -30,6 +33,7 @@ def applies(layer: tf.keras.layers.Layer, inputs) -> bool:
           layer.data_format == 'channels_last')
 
 
+@graph_code.plain
 def conv2d(x, kernel):
   """`tf.nn.conv2d(x, kernel, 1, 'VALID')` as patches @ kernel.
 
@@ -48,6 +52,7 @@ def conv2d(x, kernel):
   return tf.reshape(y, [-1, out_h, out_w, c_out])
 
 
+@graph_code.plain
 def conv2d_transpose(x, kernel):
   """The stride-1 VALID transposed convolution of `x` by `kernel`.
 
