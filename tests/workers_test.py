@@ -119,10 +119,12 @@ def test_driver_spreads_its_rounds_over_the_workers(two_workers,
   spread = driver.Driver(TINY, NUM_CLIENTS, fedavg_process,
                          workers=two_workers)
   assert spread.runner.workers is two_workers
-  # 128 images a client: a shard's training is tenths of a CPU second,
-  # clearly above an idle worker's (0.02 s seen); with 16 a one-client
-  # shard used 0.08 s in a full-suite run.
-  data = [_data(i, n=128) for i in range(NUM_CLIENTS)]
+  # 384 images a client: a one-client shard's training is a few tenths of
+  # a CPU second, clearly above an idle worker's (0.02 s seen). With 128 a
+  # one-client shard used only 0.09 s in a full-suite run (AMD EPYC, once
+  # AutoGraph stopped converting the trace-time helpers), below `_grew`'s
+  # 0.1 s; with 16, 0.08 s.
+  data = [_data(i, n=384) for i in range(NUM_CLIENTS)]
   start = _cpu_by_pid()
   metrics = single.run_round(0, data)
   before = _cpu_by_pid()
