@@ -101,6 +101,15 @@ def test_shadow_extractor_uses_only_the_shared_networks_and_its_own_draw():
                                             other.classifier, images,
                                             labels, training)
   assert not np.allclose(shadow[kernels[0]], shadow_other[kernels[0]])
+  # That second call reused the first's networks, optimizer and traced
+  # step: it gives what a newly built trainer gives (a trainer that kept
+  # the first call's Adam moments or E_s fails this).
+  inv._shadow_trainer.cache_clear()  # pylint: disable=protected-access
+  fresh = inv.train_shadow_extractor(config, other.generator,
+                                     other.classifier, images, labels,
+                                     training)
+  for a, b in zip(shadow_other, fresh):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_class_references_score_against_the_class_mean_and_nearest():

@@ -20,6 +20,7 @@ and numpy; `binaries/run_inversion_attack.py` wires it to a run's
 checkpoints.
 """
 
+import functools
 import time
 
 import attrs
@@ -186,44 +187,78 @@ def train_shadow_extractor(config: FedCGConfig, generator_weights,
   plus `distill_weight` * MSE(E_s(x), G(z, y)). That puts E_s's features
   where C reads them and where G draws them, i.e. in E_i's feature space as
   far as the shared networks reveal it. Returns E_s's weights."""
-  nets = training_tf.PartyNetworks(config, ('extractor', 'classifier',
-                                            'generator'))
-  model_weights.assign(nets.extractor, dlg_tf.stand_in_extractor(
-      config, training.seed))
-  model_weights.assign(nets.generator, generator_weights)
-  model_weights.assign(nets.classifier, classifier_weights)
-  optimizer = tf.keras.optimizers.Adam(training.lr)
-  variables = nets.extractor.trainable_variables
-  noise_dim = config.noise_dim
+  return _shadow_trainer(config, training.lr, training.distill_weight,
+                         tf.keras.backend.floatx())(
+                             generator_weights, classifier_weights, images,
+                             labels, training)
 
-  @tf.function
-  def step(x, y, step_seed):
-    # Stateless draws: nothing here touches TF's global random state, which
-    # would change the shuffles of datasets made later in the process
-    # (binaries/run_inversion_attack.py replays the run's rounds).
-    z = tf.random.stateless_normal([tf.shape(y)[0], noise_dim], step_seed)
-    fake = nets.generator([z, y], training=False)
-    with tf.GradientTape() as tape:
-      features = nets.extractor(x, training=True)
-      logits = nets.classifier(features, training=False)
-      loss = (training_tf.cross_entropy(y, logits) +
-              training.distill_weight * tf.reduce_mean(
-                  tf.square(features - fake)))
-    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-    return loss
 
-  images = np.asarray(images, np.float32)
-  labels = np.asarray(labels, np.int32)
-  rng = np.random.default_rng(training.seed)
-  count = 0
-  for _ in range(training.epochs):
-    order = rng.permutation(len(labels))
-    for start in range(0, len(labels), training.batch_size):
-      batch = order[start:start + training.batch_size]
-      step(tf.constant(images[batch]), tf.constant(labels[batch]),
-           tf.constant([training.seed, count], tf.int64))
-      count += 1
-  return tuple(np.asarray(v) for v in model_weights.values(nets.extractor))
+@functools.lru_cache(maxsize=4)
+def _shadow_trainer(config: FedCGConfig, lr: float, distill_weight: float,
+                    floatx: str) -> '_ShadowTrainer':
+  """One trainer per setting (`floatx`: Keras' float type, part of what the
+  networks are built with): an attack trains a shadow extractor for every
+  round and auxiliary set, and building the networks and tracing the step
+  anew each time cost about 1.9 s a call (six calls in a two-round
+  attack)."""
+  del floatx  # Only a cache key.
+  return _ShadowTrainer(config, lr, distill_weight)
+
+
+class _ShadowTrainer:
+  """E, G and C, an Adam optimizer and the traced step, reused across calls:
+  each call assigns its own starting weights and zeroes Adam's state (its
+  step count and moments, which is what a fresh Adam starts from), so a
+  call gives what a newly built trainer gives."""
+
+  def __init__(self, config: FedCGConfig, lr: float, distill_weight: float):
+    self.nets = nets = training_tf.PartyNetworks(
+        config, ('extractor', 'classifier', 'generator'))
+    self.config = config
+    self.optimizer = optimizer = tf.keras.optimizers.Adam(lr)
+    variables = nets.extractor.trainable_variables
+    noise_dim = config.noise_dim
+
+    @tf.function
+    def step(x, y, step_seed):
+      # Stateless draws: nothing here touches TF's global random state,
+      # which would change the shuffles of datasets made later in the
+      # process (binaries/run_inversion_attack.py replays the run's rounds).
+      z = tf.random.stateless_normal([tf.shape(y)[0], noise_dim], step_seed)
+      fake = nets.generator([z, y], training=False)
+      with tf.GradientTape() as tape:
+        features = nets.extractor(x, training=True)
+        logits = nets.classifier(features, training=False)
+        loss = (training_tf.cross_entropy(y, logits) +
+                distill_weight * tf.reduce_mean(tf.square(features - fake)))
+      optimizer.apply_gradients(zip(tape.gradient(loss, variables),
+                                    variables))
+      return loss
+
+    self.step = step
+
+  def __call__(self, generator_weights, classifier_weights, images, labels,
+               training: ShadowTraining) -> tuple:
+    nets = self.nets
+    model_weights.assign(nets.extractor, dlg_tf.stand_in_extractor(
+        self.config, training.seed))
+    model_weights.assign(nets.generator, generator_weights)
+    model_weights.assign(nets.classifier, classifier_weights)
+    # Empty before the first step: Adam makes its variables then.
+    for v in self.optimizer.variables:
+      v.assign(tf.zeros_like(v))
+    images = np.asarray(images, np.float32)
+    labels = np.asarray(labels, np.int32)
+    rng = np.random.default_rng(training.seed)
+    count = 0
+    for _ in range(training.epochs):
+      order = rng.permutation(len(labels))
+      for start in range(0, len(labels), training.batch_size):
+        batch = order[start:start + training.batch_size]
+        self.step(tf.constant(images[batch]), tf.constant(labels[batch]),
+                  tf.constant([training.seed, count], tf.int64))
+        count += 1
+    return tuple(np.asarray(v) for v in model_weights.values(nets.extractor))
 
 
 def extractor_with(config: FedCGConfig, weights) -> tf.keras.Model:
