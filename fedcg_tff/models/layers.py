@@ -106,6 +106,29 @@ def label_embedding(num_classes, name):
       name=name)
 
 
+def generator_inputs(num_classes: int, noise_dim: int):
+  """G's inputs (noise z, label y) and what both generators' transposed
+  convs start from: [z, emb(y)] as a 1x1 map with noise_dim + num_classes
+  channels. Returns (z, y, that map)."""
+  z = tf.keras.Input((noise_dim,), name='noise')
+  y = tf.keras.Input((), dtype=tf.int32, name='label')
+  emb = label_embedding(num_classes, 'label_embedding')(y)
+  x = tf.keras.layers.Concatenate()([z, emb])
+  return z, y, tf.keras.layers.Reshape((1, 1, noise_dim + num_classes))(x)
+
+
+def discriminator_inputs(num_classes: int, feature_shape):
+  """D's inputs (features f, label y) and what both discriminators' convs
+  start from: [f, emb(y) tiled over f's height and width]. Returns
+  (f, y, that map)."""
+  f = tf.keras.Input(feature_shape, name='features')
+  y = tf.keras.Input((), dtype=tf.int32, name='label')
+  emb = label_embedding(num_classes, 'label_embedding')(y)
+  emb = tf.keras.layers.Reshape((1, 1, num_classes))(emb)
+  emb = tf.keras.layers.UpSampling2D(feature_shape[:2])(emb)
+  return f, y, tf.keras.layers.Concatenate()([f, emb])
+
+
 @graph_code.plain
 def _bias_and_activation(layer: tf.keras.layers.Layer, outputs):
   """What a Keras conv layer applies after its convolution."""

@@ -64,11 +64,7 @@ def build_classifier(num_classes: int = 10) -> tf.keras.Model:
 def build_generator(num_classes: int = 10,
                     noise_dim: int = 100) -> tf.keras.Model:
   """G(z, y): [z, emb(y)] as a 1x1 map, four 2x2 transposed convs -> 5x5x16."""
-  z = tf.keras.Input((noise_dim,), name='noise')
-  y = tf.keras.Input((), dtype=tf.int32, name='label')
-  emb = layers.label_embedding(num_classes, 'label_embedding')(y)
-  x = tf.keras.layers.Concatenate()([z, emb])
-  x = tf.keras.layers.Reshape((1, 1, noise_dim + num_classes))(x)
+  z, y, x = layers.generator_inputs(num_classes, noise_dim)
   widths = (512, 256, 128)
   for i, filters in enumerate(widths):
     x = layers.SmallConv2DTranspose(
@@ -85,13 +81,8 @@ def build_generator(num_classes: int = 10,
 
 
 def build_discriminator(num_classes: int = 10) -> tf.keras.Model:
-  """D(f, y): [f, tiled emb(y)], four spectral-norm 2x2 convs -> logit."""
-  f = tf.keras.Input(FEATURE_SHAPE, name='features')
-  y = tf.keras.Input((), dtype=tf.int32, name='label')
-  emb = layers.label_embedding(num_classes, 'label_embedding')(y)
-  emb = tf.keras.layers.Reshape((1, 1, num_classes))(emb)
-  emb = tf.keras.layers.UpSampling2D(FEATURE_SHAPE[:2])(emb)  # tile to 5x5
-  x = tf.keras.layers.Concatenate()([f, emb])
+  """D(f, y): [f, emb(y) tiled to 5x5], four spectral-norm 2x2 convs -> logit."""
+  f, y, x = layers.discriminator_inputs(num_classes, FEATURE_SHAPE)
   widths = (128, 256, 512)
   for i, filters in enumerate(widths):
     x = layers.SpectralNormConv2D(

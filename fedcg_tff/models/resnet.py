@@ -68,11 +68,7 @@ def build_classifier(num_classes: int = 10) -> tf.keras.Model:
 def build_generator(num_classes: int = 10,
                     noise_dim: int = 100) -> tf.keras.Model:
   """1x1 -> 4 -> 7 (4x4 valid) -> 14 -> 28 (4x4 stride 2) x 128, sigmoid."""
-  z = tf.keras.Input((noise_dim,), name='noise')
-  y = tf.keras.Input((), dtype=tf.int32, name='label')
-  emb = layers.label_embedding(num_classes, 'label_embedding')(y)
-  x = tf.keras.layers.Concatenate()([z, emb])
-  x = tf.keras.layers.Reshape((1, 1, noise_dim + num_classes))(x)
+  z, y, x = layers.generator_inputs(num_classes, noise_dim)
   for i, (filters, stride, padding) in enumerate(
       ((512, 1, 'valid'), (256, 1, 'valid'), (128, 2, 'same'))):
     x = layers.SmallConv2DTranspose(
@@ -90,12 +86,7 @@ def build_generator(num_classes: int = 10,
 
 def build_discriminator(num_classes: int = 10) -> tf.keras.Model:
   """28 -> 14 -> 7 (4x4 stride 2) -> 4 -> 1 (4x4 valid) -> logit."""
-  f = tf.keras.Input(FEATURE_SHAPE, name='features')
-  y = tf.keras.Input((), dtype=tf.int32, name='label')
-  emb = layers.label_embedding(num_classes, 'label_embedding')(y)
-  emb = tf.keras.layers.Reshape((1, 1, num_classes))(emb)
-  emb = tf.keras.layers.UpSampling2D(FEATURE_SHAPE[:2])(emb)
-  x = tf.keras.layers.Concatenate()([f, emb])
+  f, y, x = layers.discriminator_inputs(num_classes, FEATURE_SHAPE)
   for i, (filters, stride, padding) in enumerate(
       ((128, 2, 'same'), (256, 2, 'same'), (512, 1, 'valid'))):
     x = layers.SpectralNormConv2D(
