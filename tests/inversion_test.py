@@ -104,6 +104,7 @@ def test_shadow_extractor_uses_only_the_shared_networks_and_its_own_draw():
   # That second call reused the first's networks, optimizer and traced
   # step: it gives what a newly built trainer gives (a trainer that kept
   # the first call's Adam moments or E_s fails this).
+  assert inv._shadow_trainer.cache_info().hits >= 1  # pylint: disable=protected-access
   inv._shadow_trainer.cache_clear()  # pylint: disable=protected-access
   fresh = inv.train_shadow_extractor(config, other.generator,
                                      other.classifier, images, labels,
