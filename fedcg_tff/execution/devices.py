@@ -66,11 +66,23 @@ def scope():
   return tf.device(_training_device)
 
 
-def host_cpu() -> str:
-  """The CPU's model name (as lscpu prints it), for every timing: speeds
-  differ between the Intel and AMD hosts of one machine kind."""
-  with open('/proc/cpuinfo') as f:
-    for line in f:
-      if line.startswith('model name'):
-        return line.split(':', 1)[1].strip()
-  return 'unknown CPU'
+def host_cpu(cpuinfo: str | None = None) -> str:
+  """The CPU's model name (as lscpu prints it), its family and its widest
+  vector unit, for every timing: speeds differ between the hosts of one
+  machine kind, and the model name alone does not tell them apart (AMD
+  EPYC hosts with AVX2 only and AMD EPYC hosts of family 26 with AVX-512
+  both print "AMD EPYC"; a full FedCG round took 785 s on the first and
+  132 s on the second). `cpuinfo`: /proc/cpuinfo's text (read if None)."""
+  if cpuinfo is None:
+    with open('/proc/cpuinfo') as f:
+      cpuinfo = f.read()
+  fields = {}
+  for line in cpuinfo.splitlines():
+    key, _, value = line.partition(':')
+    fields.setdefault(key.strip(), value.strip())
+  flags = fields.get('flags', '').split()
+  vector = ('AVX-512' if 'avx512f' in flags else
+            'AVX2' if 'avx2' in flags else 'no AVX2')
+  family = fields.get('cpu family')
+  return (f'{fields.get("model name", "unknown CPU")}'
+          f' ({f"family {family}, " if family else ""}{vector})')
