@@ -130,6 +130,7 @@ def test_driver_spreads_its_rounds_over_the_workers(two_workers,
   metrics = single.run_round(0, data)
   before = _cpu_by_pid()
   default_context = _grew(start, before)
+  assert len(default_context) == 1, default_context  # Its one worker.
   per_client = sum(before[p] - start.get(p, 0.0)
                    for p in default_context) / NUM_CLIENTS
   assert spread.run_round(0, data) == metrics
