@@ -531,6 +531,7 @@ def main(argv):
              f'saved in {checkpoints.directory}, and rerunning the same '
              f'command resumes after round {good}.')
 
+  from fedcg_tff.execution import devices  # pylint: disable=g-import-not-at-top
   tracker = result.tracker
   summary = {
       'algorithm': FLAGS.algorithm,
@@ -545,6 +546,7 @@ def main(argv):
       'test_accuracy_at_best_val': tracker.test_at_best,
       'mean_test_accuracy_at_best_val': tracker.mean_test,
       'total_round_seconds': sum(result.round_seconds),
+      'host': devices.host_cpu(),  # Round times depend on it several-fold.
   }
   summary.update(dp_summary(result.rounds_run))
   if FLAGS.aggregation == 'secure':

@@ -52,14 +52,16 @@ def test_paper_comparison_gives_difference_rounds_and_round_time():
   r = report.RunResult
   results = [r('fmnist', 'local', 1, (0.80, 0.82), (), 41, True, 88.4),
              r('fmnist', 'local', 2, (0.78, 0.80), (), 60, False, 90.0),
-             r('fmnist', 'fedcg', 1, (0.84, 0.84), (), 60, False, 785.0),
+             r('fmnist', 'fedcg', 1, (0.84, 0.84), (), 60, False, 132.4,
+               True, 'AMD EPYC (family 26, AVX-512)'),
              r('cifar10', 'fedcg', 1, (0.40, 0.50))]
   rows = report.table(results, ['local', 'fedcg'], ['fmnist', 'cifar10'])
   md = report.paper_markdown(rows, results, 'fmnist')
   # Local: seed means 81 and 79; the paper's 79.66.
   assert ('| local | 80.00 ± 1.00 (2) | 79.66 ± 0.55 | +0.34 | seed 1: 41 '
           '(early stop), 88 s; seed 2: 60, 90 s |') in md
-  assert '| fedcg | 84.00 ± 0.00 (1) | 83.81 ± 0.28 | +0.19 |' in md
+  assert ('| fedcg | 84.00 ± 0.00 (1) | 83.81 ± 0.28 | +0.19 | seed 1: 60, '
+          '132 s on AMD EPYC (family 26, AVX-512) |') in md
   assert report.paper_markdown(rows, results, 'cifar10') == ''
 
 
@@ -77,6 +79,7 @@ def test_load_result_reads_rounds_and_the_median_round_time(tmp_path):
   assert result.median_round_seconds == 12.0
   assert result.mean == pytest.approx(0.6)
   assert result.paper_protocol is None  # No run.json.
+  assert result.host is None  # Written before results.json recorded it.
   paper = {'config': dict(report.PAPER_PROTOCOL['config'], seed=1),
            'run': dict(report.PAPER_PROTOCOL['run'], num_clients=None)}
   (tmp_path / 'run.json').write_text(json.dumps(paper))
@@ -84,6 +87,9 @@ def test_load_result_reads_rounds_and_the_median_round_time(tmp_path):
   paper['config']['gan_epochs'] = 1
   (tmp_path / 'run.json').write_text(json.dumps(paper))
   assert load().paper_protocol is False
+  results = json.loads((tmp_path / 'results.json').read_text())
+  (tmp_path / 'results.json').write_text(json.dumps(dict(results, host='h')))
+  assert load().host == 'h'
 
 
 def test_gains_over_local_and_chart(tmp_path):

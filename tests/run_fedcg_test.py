@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from binaries import run_fedcg
+from fedcg_tff.execution import devices
 from tests import binary_runs
 from tests import event_logs
 from tests import fake_data
@@ -257,6 +258,7 @@ def test_tiny_fedcg_run_end_to_end(fedcg_run):
   results = json.loads((out / 'results.json').read_text())
   assert results['rounds_run'] == 4 and results['client_init'] == 'shared'
   assert len(results['test_accuracy_at_best_val']) == 2
+  assert results['host'] == devices.host_cpu()  # What its times ran on.
   definition = json.loads((out / 'run.json').read_text())
   assert definition['config']['server_steps_per_epoch'] == 2
   assert definition['config']['client_init'] == 'shared'

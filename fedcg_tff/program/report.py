@@ -35,6 +35,10 @@ class RunResult:
   # Whether the run.json beside results.json shows the paper's protocol
   # (PAPER_PROTOCOL); None without a run.json.
   paper_protocol: bool | None = None
+  # The CPU the run finished on (`devices.host_cpu`; results.json's `host`),
+  # None for runs written before it was recorded: round times differ
+  # several-fold between the hosts of one machine kind.
+  host: str | None = None
 
   @property
   def mean(self) -> float:
@@ -57,7 +61,7 @@ def load_result(path: str, task: str, algorithm: str, seed: int) -> RunResult:
                    tuple(r.get('client_names', ())), r.get('rounds_run'),
                    r.get('stopped_early'),
                    float(np.median(seconds)) if seconds is not None and
-                   len(seconds) else None, protocol)
+                   len(seconds) else None, protocol, r.get('host'))
 
 
 # The paper's per-round budget and client setup (FEDCG_SPEC.md), as run.json
@@ -140,7 +144,8 @@ def paper_markdown(rows: list[dict], results: Sequence[RunResult],
                    task: str) -> str:
   """Our Table 1 column for `task` beside the paper's: difference, and
   per seed the rounds run (whether early stopping fired) and the median
-  round time. Empty if the paper has no column for `task`."""
+  round time (and its host, where results.json records it). Empty if the
+  paper has no column for `task`."""
   paper = PAPER_TABLE_1.get(task)
   if paper is None:
     return ''
@@ -158,6 +163,9 @@ def paper_markdown(rows: list[dict], results: Sequence[RunResult],
       stop = ' (early stop)' if r.stopped_early else ''
       per_round = (f', {r.median_round_seconds:.0f} s'
                    if r.median_round_seconds is not None else '')
+      if r.host and per_round:
+        per_round += f' on {r.host}'
+
       other = (' (not the paper\'s protocol)' if r.paper_protocol is False
                else '')
       runs.append(f'seed {r.seed}: {r.rounds_run}{stop}{per_round}{other}')
