@@ -237,7 +237,8 @@ def gain_chart(gains: dict[str, np.ndarray], client_names: Sequence[str],
   algorithms = list(gains)
   num_clients = len(client_names)
   width = 0.8 / max(len(algorithms), 1)
-  fig, ax = plt.subplots(figsize=(1.6 + 1.3 * num_clients, 3.6), dpi=100)
+  # The legend sits right of the bars: inside, it covered the tallest ones.
+  fig, ax = plt.subplots(figsize=(2.8 + 1.3 * num_clients, 3.6), dpi=100)
   x = np.arange(num_clients)
   for k, algorithm in enumerate(algorithms):
     ax.bar(x - 0.4 + width * (k + 0.5), gains[algorithm], width,
@@ -247,7 +248,7 @@ def gain_chart(gains: dict[str, np.ndarray], client_names: Sequence[str],
   ax.set_xticklabels(client_names, rotation=15)
   ax.set_ylabel('test accuracy gain over Local (points)')
   ax.set_title(title)
-  ax.legend(fontsize='small', ncol=min(len(algorithms), 3))
+  ax.legend(fontsize='small', loc='center left', bbox_to_anchor=(1.0, 0.5))
   fig.tight_layout()
   bars = sum(len(c) for c in ax.containers)
   return _save_figure(fig, path), bars
