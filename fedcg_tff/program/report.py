@@ -165,7 +165,6 @@ def paper_markdown(rows: list[dict], results: Sequence[RunResult],
                    if r.median_round_seconds is not None else '')
       if r.host and per_round:
         per_round += f' on {r.host}'
-
       other = (' (not the paper\'s protocol)' if r.paper_protocol is False
                else '')
       runs.append(f'seed {r.seed}: {r.rounds_run}{stop}{per_round}{other}')
