@@ -156,7 +156,8 @@ def test_stage2_discriminator_step_lowers_its_loss():
   np.testing.assert_allclose(before, float(d_loss), rtol=1e-5)
   # 1.46 -> 1.26 here. (At lr 3e-4 or 1e-3 Adam's first step, about lr
   # on every weight whatever its gradient, overshoots: the loss rises.)
-  assert loss_of(d_after) < before - 0.05, (before, loss_of(d_after))
+  after = loss_of(d_after)
+  assert after < before - 0.05, (before, after)
   assert int(d_opt['step']) == 1 and int(g_opt['step']) == 1
   assert float(g_loss) > 0
   for a, b in zip(e_before, nets.extractor.weights):  # E stays frozen.

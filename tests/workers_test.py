@@ -82,6 +82,21 @@ def _grew(before, after, minimum=0.1):
           minimum}
 
 
+def _pool_workers_that_ran_clients(start, before, after):
+  """The pool's workers that ran clients between `before` and `after`,
+  where the default context's one worker ran the same round's clients
+  alone between `start` and `before`. A worker counts when it used half
+  of one client's CPU time in that single-worker round, not a fixed
+  number of seconds: a one-client shard of 384 images used 0.07 CPU s on
+  an AMD EPYC host with AVX-512 (one of 128 used 0.09 s on an AVX2 host),
+  while an idle worker uses 0.01-0.02 s."""
+  default_context = _grew(start, before)
+  assert len(default_context) == 1, default_context  # Its one worker.
+  per_client = sum(before[p] - start.get(p, 0.0)
+                   for p in default_context) / NUM_CLIENTS
+  return _grew(before, after, minimum=per_client / 2) - default_context
+
+
 @pytest.mark.parametrize('name', ['fedcg', 'local'])
 def test_two_workers_give_the_single_worker_round(name, two_workers):
   algorithm = built.built_driver(name, TINY, NUM_CLIENTS)
@@ -93,12 +108,12 @@ def test_two_workers_give_the_single_worker_round(name, two_workers):
   start = _cpu_by_pid()
   expected = process.next(server, clients, data)
   before = _cpu_by_pid()
-  default_context = _grew(start, before)  # Ran `next`.
   got = sharded(server, clients, data)
   if name == 'fedcg':  # Seconds of work per client: clearly measurable.
     # Both of the pool's workers trained clients: a pool that ran every
     # shard on one worker (or in the default context) fails this.
-    assert len(_grew(before, _cpu_by_pid()) - default_context) == 2
+    ran = _pool_workers_that_ran_clients(start, before, _cpu_by_pid())
+    assert len(ran) == 2, ran
   _assert_identical(expected, got)
   # The round did something: client states moved.
   assert any(not np.array_equal(a, b) for a, b in
@@ -119,26 +134,17 @@ def test_driver_spreads_its_rounds_over_the_workers(two_workers,
   spread = driver.Driver(TINY, NUM_CLIENTS, fedavg_process,
                          workers=two_workers)
   assert spread.runner.workers is two_workers
-  # Whether a worker ran clients is judged by its CPU time against what
-  # one client cost the default context in the single-worker round just
-  # before, not against a fixed number of seconds: a one-client shard of
-  # 384 images used 0.07 CPU s on an AMD EPYC host with AVX-512 (one of
-  # 128 used 0.09 s on an AVX2 host), while an idle worker uses 0.01-0.02
-  # s. 1024 images a client keep half a client's share above idle.
+  # 1024 images a client: half a client's CPU time stays well above an
+  # idle worker's (`_pool_workers_that_ran_clients`).
   data = [_data(i, n=1024) for i in range(NUM_CLIENTS)]
   start = _cpu_by_pid()
   metrics = single.run_round(0, data)
   before = _cpu_by_pid()
-  default_context = _grew(start, before)
-  assert len(default_context) == 1, default_context  # Its one worker.
-  per_client = sum(before[p] - start.get(p, 0.0)
-                   for p in default_context) / NUM_CLIENTS
   assert spread.run_round(0, data) == metrics
   # Both of the pool's workers ran clients: a driver that kept the pool
   # but ran its rounds in the default context fails this.
-  after = _cpu_by_pid()
-  ran = _grew(before, after, minimum=per_client / 2)
-  assert len(ran - default_context) == 2, (per_client, ran)
+  ran = _pool_workers_that_ran_clients(start, before, _cpu_by_pid())
+  assert len(ran) == 2, ran
   _assert_identical(single.state(), spread.state())
 
 
