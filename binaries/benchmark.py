@@ -71,22 +71,6 @@ FLAGS = flags.FLAGS
 GOAL_SECONDS = 150  # Issue 17: a full-protocol round on 2 cores.
 
 
-def peak_flops() -> tuple[float, str]:
-  """(float32 FLOP/s, how it was derived) of this machine's CPUs."""
-  with open('/proc/cpuinfo') as f:
-    info = f.read()
-  mhz = [float(line.split(':')[1]) for line in info.splitlines()
-         if line.startswith('cpu MHz')]
-  flags_line = next((line for line in info.splitlines()
-                     if line.startswith('flags')), '')
-  per_cycle = (64 if ' avx512f' in flags_line else
-               32 if ' fma' in flags_line else 8)
-  cores = len(mhz) or os.cpu_count()
-  clock = (sum(mhz) / len(mhz) if mhz else 0.0) * 1e6
-  return (cores * clock * per_cycle,
-          f'{cores} cores x {clock / 1e9:.2f} GHz x {per_cycle} FLOP/cycle')
-
-
 def layer_flops(model) -> float:
   """Forward FLOPs per example of `model`'s convolutions and dense layers
   (2 per multiply-add; activations, normalisation and the spectral norm's
@@ -222,7 +206,7 @@ def main(argv):
   stage1, stage2 = training_flops(config, flops, FLAGS.train_per_client)
   train_flops = FLAGS.clients * (stage1 + stage2)
   train_seconds = mean['client_stage1_s'] + mean['client_stage2_s']
-  peak, peak_how = peak_flops()
+  peak, peak_how = devices.peak_float32_flops()
   achieved = train_flops / mean['clients_in_workers_s']
   memory = {'driver': peak_rss_bytes(os.getpid()),
             'workers': [peak_rss_bytes(p.pid)

@@ -18,6 +18,7 @@ on the CPU.
 """
 
 import contextlib
+import os
 
 DEVICES = ('cpu', 'gpu')
 _training_device = None  # None: no placement (TensorFlow's default).
@@ -66,6 +67,34 @@ def scope():
   return tf.device(_training_device)
 
 
+def cpu_processors(cpuinfo: str | None = None) -> list[dict[str, str]]:
+  """/proc/cpuinfo as one {field: value} dict per processor (blocks are
+  separated by blank lines). `cpuinfo`: the file's text (read if None).
+  The one reader of that file, for `host_cpu` and `peak_float32_flops`."""
+  if cpuinfo is None:
+    with open('/proc/cpuinfo') as f:
+      cpuinfo = f.read()
+  processors = []
+  for block in cpuinfo.split('\n\n'):
+    fields = {}
+    for line in block.splitlines():
+      key, _, value = line.partition(':')
+      fields.setdefault(key.strip(), value.strip())
+    if fields:
+      processors.append(fields)
+  return processors or [{}]
+
+
+def _vector_unit(flags: list[str]) -> tuple[str, int]:
+  """(name, float32 FLOPs per cycle per core) of the widest FMA unit the
+  flags list: two 16-lane FMAs for AVX-512, two 8-lane for AVX2's FMA."""
+  if 'avx512f' in flags:
+    return 'AVX-512', 64
+  if 'avx2' in flags:
+    return 'AVX2', 32 if 'fma' in flags else 16
+  return 'no AVX2', 8
+
+
 def host_cpu(cpuinfo: str | None = None) -> str:
   """The CPU's model name (as lscpu prints it), its family and its widest
   vector unit, for every timing: speeds differ between the hosts of one
@@ -73,16 +102,22 @@ def host_cpu(cpuinfo: str | None = None) -> str:
   EPYC hosts with AVX2 only and AMD EPYC hosts of family 26 with AVX-512
   both print "AMD EPYC"; a full FedCG round took 785 s on the first and
   132 s on the second). `cpuinfo`: /proc/cpuinfo's text (read if None)."""
-  if cpuinfo is None:
-    with open('/proc/cpuinfo') as f:
-      cpuinfo = f.read()
-  fields = {}
-  for line in cpuinfo.splitlines():
-    key, _, value = line.partition(':')
-    fields.setdefault(key.strip(), value.strip())
-  flags = fields.get('flags', '').split()
-  vector = ('AVX-512' if 'avx512f' in flags else
-            'AVX2' if 'avx2' in flags else 'no AVX2')
-  family = fields.get('cpu family')
-  return (f'{fields.get("model name", "unknown CPU")}'
+  first = cpu_processors(cpuinfo)[0]
+  vector, _ = _vector_unit(first.get('flags', '').split())
+  family = first.get('cpu family')
+  return (f'{first.get("model name", "unknown CPU")}'
           f' ({f"family {family}, " if family else ""}{vector})')
+
+
+def peak_float32_flops(cpuinfo: str | None = None) -> tuple[float, str]:
+  """(float32 FLOP/s, how it was derived) of this machine's CPUs: every
+  processor's current clock times the first one's FLOPs per cycle. The
+  benchmark's "% of peak" divides by it (os.cpu_count() cores when the
+  file lists no clock)."""
+  processors = cpu_processors(cpuinfo)
+  mhz = [float(p['cpu MHz']) for p in processors if 'cpu MHz' in p]
+  _, per_cycle = _vector_unit(processors[0].get('flags', '').split())
+  cores = len(mhz) or os.cpu_count()
+  clock = (sum(mhz) / len(mhz) if mhz else 0.0) * 1e6
+  return (cores * clock * per_cycle,
+          f'{cores} cores x {clock / 1e9:.2f} GHz x {per_cycle} FLOP/cycle')

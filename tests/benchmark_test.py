@@ -1,0 +1,54 @@
+"""binaries/benchmark.py: its flag checks, and that the phases it reports
+from the driver's timing hook add up (the README's speed tables come
+from it)."""
+
+import json
+
+from fedcg_tff.execution import devices
+from tests import binary_runs
+from tests import fake_data
+
+
+def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
+  data = tmp_path / 'fmnist'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
+  out = tmp_path / 'bench.json'
+  tiny = [f'--data_dir={data}', '--clients=2', '--train_per_client=16',
+          '--server_steps=2']
+  stops, done = binary_runs.main_calls('benchmark', [
+      [*tiny, '--clients=0'],
+      [*tiny, '--warmup_rounds=1', '--rounds=2', f'--json={out}'],
+  ])
+  assert len(stops) == 2, done.stderr[-3000:]
+  assert 'clients' in stops[0] and '>= 1' in stops[0]
+  assert stops[1] is None, done.stderr[-3000:]
+
+  result = json.loads(out.read_text())
+  assert result['host'] == devices.host_cpu()
+  # The warm-up round (round 0) traces and compiles: it is not averaged.
+  assert [row['round'] for row in result['rounds']] == [1, 2]
+  mean = result['mean_seconds']
+  for row in result['rounds']:
+    # Stamps from inside the workers and the server's update: every phase
+    # ran, and each part lies inside the step that contains it.
+    for phase in ('client_stage1_s', 'client_stage2_s', 'client_teacher_s',
+                  'clients_in_workers_s', 'distillation_s', 'evaluation_s'):
+      assert row[phase] > 0, phase
+    assert row['tff_overhead_s'] >= 0 and row['aggregation_s'] >= 0
+    in_workers = (row['client_stage1_s'] + row['client_stage2_s']
+                  + row['client_teacher_s'])
+    # Two clients summed can take at most twice the clients' wall time.
+    assert in_workers <= 2 * row['clients_in_workers_s'] + 1e-6
+    assert row['round_s'] >= (row['clients_in_workers_s']
+                              + row['distillation_s'])
+  for key, value in mean.items():
+    expected = sum(r[key] for r in result['rounds']) / 2
+    assert abs(value - expected) < 1e-9, key
+  peak, _ = devices.peak_float32_flops()
+  assert result['peak_flops_per_s'] == peak
+  assert (result['achieved_training_flops_per_s']
+          == result['training_flops_per_round'] / mean['clients_in_workers_s'])
+  assert result['peak_rss_bytes']['driver'] > 0
+  assert 'full-protocol round' not in done.stdout  # Only with --full_protocol.
+  assert 'GFLOP/s' in done.stdout and '% of peak' in done.stdout
