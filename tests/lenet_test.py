@@ -86,6 +86,34 @@ def test_spectral_norm_largest_singular_value_is_one():
   np.testing.assert_allclose(again, kernel.numpy(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize('power_iterations', [1, 2])
+def test_spectral_norm_equals_the_three_product_formula(power_iterations):
+  """sigma, the new u and dsigma/dW, bit for bit, against PyTorch's recipe
+  written out: v = N(u W^T), u = N(v W) per iteration, then sigma = v W u^T
+  with u and v constants (the layer reuses the last v W instead of
+  recomputing it)."""
+  layer = layers.SpectralNormConv2D(
+      32, 2, use_bias=False, power_iterations=power_iterations,
+      kernel_initializer=tf.keras.initializers.RandomNormal(0.0, 0.5, seed=4))
+  layer.build((None, 3, 3, 16))
+  u0 = tf.constant(layer.sn_u)
+  with tf.GradientTape() as tape:
+    sigma = layer.spectral_norm(training=True)
+  got = [sigma, tf.constant(layer.sn_u), tape.gradient(sigma, layer.kernel)]
+  with tf.GradientTape() as tape:
+    w = tf.reshape(layer.kernel, [-1, 32])
+    u = u0
+    for _ in range(power_iterations):
+      v = tf.stop_gradient(tf.math.l2_normalize(tf.matmul(u, w,
+                                                          transpose_b=True)))
+      u = tf.stop_gradient(tf.math.l2_normalize(tf.matmul(v, w)))
+    sigma = tf.squeeze(tf.matmul(tf.matmul(v, w), u, transpose_b=True))
+  want = [sigma, u, tape.gradient(sigma, layer.kernel)]
+  for g, w_ in zip(got, want):
+    np.testing.assert_array_equal(g.numpy(), w_.numpy())
+  assert not np.array_equal(got[1].numpy(), u0.numpy())
+
+
 def test_spectral_norm_u_only_moves_in_training():
   layer = layers.SpectralNormConv2D(8, 2)
   x = tf.random.normal([2, 3, 3, 4])
