@@ -42,6 +42,24 @@ def finite(name: str, low: float = 0.0, strict: bool = False) -> None:
         f'--{name} must be finite and {relation} {low:g}, got {value}')
 
 
+def distinct_list(name: str, kind: type, what: str, valid=None,
+                  condition: str = '') -> list:
+  """The list flag `name` as distinct values of `kind` (int or float),
+  each passing `valid` (described by `condition`); refuses anything else
+  naming the flag."""
+  raw = FLAGS[name].value
+  try:
+    values = [kind(v) for v in raw]
+  except ValueError:
+    raise app.UsageError(f'--{name} must be {what}, got {raw}') from None
+  for v in values:
+    if valid is not None and not valid(v):
+      raise app.UsageError(f'--{name} values must be {condition}, got {v}')
+  if not values or len(set(values)) != len(values):
+    raise app.UsageError(f'--{name} must be distinct {what}, got {raw}')
+  return values
+
+
 def seed(name: str = 'seed') -> None:
   value = FLAGS[name].value
   if not 0 <= value <= 2**31 - 1:
@@ -74,6 +92,12 @@ def check_dp_flags() -> None:
 # --- Workers -----------------------------------------------------------------
 
 
+def define_concurrency_flag() -> None:
+  flags.DEFINE_integer('max_concurrent_clients', None,
+                       'Client computations a worker runs at once (default: '
+                       'its share of the CPU cores; non-positive: all).')
+
+
 def define_worker_flags() -> None:
   flags.DEFINE_integer('workers', 1,
                        'Local TFF worker processes the clients of a round are '
@@ -82,9 +106,7 @@ def define_worker_flags() -> None:
                     'host:port of TFF workers started with binaries/run_worker '
                     '(on this or other machines) to spread the clients over, '
                     'instead of local ones.')
-  flags.DEFINE_integer('max_concurrent_clients', None,
-                       'Client computations a worker runs at once (default: '
-                       'its share of the CPU cores; non-positive: all).')
+  define_concurrency_flag()
 
 
 def check_worker_flags() -> None:

@@ -59,13 +59,7 @@ def _check_flags() -> tuple[list[int], list[str]]:
     bad = [v for v in FLAGS[name].value if v not in allowed]
     if bad or not FLAGS[name].value:
       raise app.UsageError(f'--{name}: {bad or "empty"} not in {allowed}')
-  try:
-    seeds = [int(s) for s in FLAGS.seeds]
-  except ValueError:
-    raise app.UsageError(f'--seeds must be integers, got {FLAGS.seeds}'
-                         ) from None
-  if not seeds or len(set(seeds)) != len(seeds):
-    raise app.UsageError(f'--seeds must be distinct integers, got {seeds}')
+  seeds = common.distinct_list('seeds', int, 'integers')
   if not FLAGS.task_dirs and len(FLAGS.tasks) != 1:
     raise app.UsageError(f'--notask_dirs needs one task, got --tasks='
                          f'{",".join(FLAGS.tasks)}')

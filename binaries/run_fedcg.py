@@ -260,12 +260,6 @@ flags.DEFINE_bool('client_states_on_disk', False,
 CLIENT_STATES_DIR = 'client_states'
 
 
-def _check_clients_per_round_flag():
-  if FLAGS.clients_per_round is not None and FLAGS.clients_per_round < 1:
-    raise app.UsageError(
-        f'--clients_per_round must be >= 1, got {FLAGS.clients_per_round}')
-
-
 def client_sampling(num_clients: int):
   """The driver's `ClientSampling` for a task of `num_clients` clients;
   refuses more clients per round than there are (before anything is
@@ -446,7 +440,7 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config = config_from_flags()
   _check_run_flags()
-  _check_clients_per_round_flag()
+  common.at_least(1, 'clients_per_round')
   _check_worker_flags()
   _check_dp_flags()
   # A finished run in --output_dir is reported, and a run with other flags

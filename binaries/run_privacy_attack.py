@@ -118,19 +118,9 @@ def rows() -> list[tuple[str, str, float]]:
 
 
 def _sigmas() -> list[float]:
-  try:
-    sigmas = [float(s) for s in FLAGS.dp_sigma]
-  except ValueError:
-    raise app.UsageError(f'--dp_sigma must be numbers, got {FLAGS.dp_sigma}'
-                         ) from None
-  for s in sigmas:
-    if not (math.isfinite(s) and s > 0):
-      raise app.UsageError(f'--dp_sigma values must be finite and > 0, '
-                           f'got {s}')
-  if not sigmas or len(set(sigmas)) != len(sigmas):
-    raise app.UsageError(f'--dp_sigma must be distinct values, got '
-                         f'{FLAGS.dp_sigma}')
-  return sigmas
+  return common.distinct_list('dp_sigma', float, 'numbers',
+                              lambda s: math.isfinite(s) and s > 0,
+                              'finite and > 0')
 
 
 def _check_flags() -> dict[str, str]:

@@ -23,12 +23,11 @@ import sys
 from absl import app
 from absl import flags
 
+from binaries import common
 from fedcg_tff.execution import runtime
 
 flags.DEFINE_integer('port', 8000, 'Port the worker serves on.')
-flags.DEFINE_integer('max_concurrent_clients', None,
-                     'Client computations a worker runs at once (default: '
-                     'its share of the CPU cores; non-positive: all).')
+common.define_concurrency_flag()
 FLAGS = flags.FLAGS
 
 

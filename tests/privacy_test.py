@@ -411,8 +411,12 @@ def test_binary_names_the_bad_flag(tmp_path):
       # A shared-init FedCG run cannot stand for the private-init row.
       (['--algorithms=fedcg_private', f'--results=fedcg_private={shared_run}'],
        "trained with client_init 'shared', row fedcg_private needs 'private'"),
+      (['--algorithms=fedavg_dp', '--dp_sigma=0.1,0.1'],
+       '--dp_sigma must be distinct numbers'),
+      (['--algorithms=fedavg_dp', '--dp_sigma=0.1,-1'],
+       '--dp_sigma values must be finite and > 0, got -1'),
   ]
-  # One interpreter for the three (each would import TensorFlow).
+  # One interpreter for them all (each would import TensorFlow).
   stops, done = binary_runs.main_calls('run_privacy_attack', [
       [f'--output_dir={tmp_path / "out"}', *args] for args, _ in cases],
       timeout=300)
@@ -423,12 +427,13 @@ def test_binary_names_the_bad_flag(tmp_path):
 
 
 def test_run_fedcg_refuses_dp_for_other_algorithms(tmp_path):
+  """Flag checks only: run in this process (no interpreter to start)."""
   for args, message in (
       (['--algorithm=local', '--dp_sigma=0.1'], '--dp_sigma applies to'),
       (['--algorithm=fedavg', '--dp_clip=3'], '--dp_clip is only used'),
       (['--algorithm=fedavg', '--dp_sigma=0.1', '--dp_clip=0'],
        '--dp_clip must be')):
-    proc = binary_runs.run_binary(
-        'run_fedcg', [f'--output_dir={tmp_path / "run"}', *args], 120)
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    stopped = binary_runs.run_fedcg_in_process(
+        [f'--output_dir={tmp_path / "run"}', *args])
+    assert stopped is not None and message in stopped, (args, stopped)
   assert not (tmp_path / 'run').exists()

@@ -197,13 +197,20 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
 
 
 def test_sweep_rejects_bad_flags(tmp_path):
-  for flag, message in (('--algorithms=fedsgd', '--algorithms'),
-                        ('--seeds=1,x', '--seeds must be integers'),
-                        ('--run_flags=--seed=3', 'must not set --seed'),
-                        ('--tasks=fmnist,cifar10 --notask_dirs',
-                         '--notask_dirs needs one task')):
-    proc = _sweep([f'--output_dir={tmp_path}', *flag.split()], timeout=60)
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+  cases = (('--algorithms=fedsgd', '--algorithms'),
+           ('--seeds=1,x', '--seeds must be integers'),
+           ('--seeds=1,1', '--seeds must be distinct integers'),
+           ('--run_flags=--seed=3', 'must not set --seed'),
+           ('--tasks=fmnist,cifar10 --notask_dirs',
+            '--notask_dirs needs one task'))
+  # One interpreter for them all.
+  stops, done = binary_runs.main_calls(
+      'run_experiments',
+      [[f'--output_dir={tmp_path}', *flag.split()] for flag, _ in cases],
+      timeout=120)
+  assert len(stops) == len(cases), done.stderr[-3000:]
+  for (flag, message), stopped in zip(cases, stops):
+    assert stopped is not None and message in stopped, (flag, stopped)
   assert not os.listdir(tmp_path)
 
 
