@@ -561,5 +561,23 @@ def test_binary_samples_dirichlet_clients(tmp_path, capfd):
   assert '--clients_per_round: stored 5, given 10' in error, error
 
 
+
+def test_binary_keeps_every_client_on_disk_when_asked(tmp_path):
+  """--client_states_on_disk without sampling: every client's state goes
+  to its file each round (the driver test above shows the rounds equal
+  the in-memory run's), and run.json records the flag."""
+  data = tmp_path / 'idx'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
+  out = tmp_path / 'out'
+  assert binary_runs.run_fedcg_in_process(
+      [f'--output_dir={out}', f'--data_dir={data}', '--algorithm=fedavg',
+       '--num_clients=2', '--train_per_client=8', '--batch_size=4',
+       '--local_epochs=1', '--rounds=1', '--client_states_on_disk']) is None
+  assert sorted(os.listdir(out / 'client_states')) == [
+      'client_00000.r000001.npz', 'client_00001.r000001.npz']
+  definition = json.loads((out / 'run.json').read_text())
+  assert definition['run']['client_states_on_disk'] is True
+
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
