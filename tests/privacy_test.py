@@ -322,6 +322,36 @@ def test_dp_mean_factory_clips_and_noises_each_client_then_averages():
     dp.mean_factory(-1.0, 1.0, 3)
 
 
+def test_each_record_carries_its_own_noise_of_std_sigma():
+  """What every client runs on its own record (`preprocess_record`, which
+  TFF's DP factory maps at CLIENTS): each record, taken alone, is clipped
+  and carries noise of std sigma, drawn afresh; the server's sum adds
+  nothing. So no client can carry the round's noise for the others (one
+  client with sigma * sqrt(n) and the rest with none gives the mean's std
+  too)."""
+  query = dp.LocalGaussianSumQuery(l2_norm_clip=1.0, stddev=0.3)
+  state = query.initial_global_state()
+  params = query.derive_sample_params(state)
+  tf.random.set_seed(5)
+  zeros = (tf.zeros(2000), tf.zeros(3))
+  draws = [query.preprocess_record(params, zeros)[0].numpy()
+           for _ in range(3)]
+  for noise in draws:  # 2000 coordinates: the std is known to ~2%.
+    assert np.std(noise) == pytest.approx(0.3, rel=0.05)
+  assert not np.allclose(draws[0], draws[1])
+  # Clipped before the noise: a record of norm 20 comes back at norm 1
+  # (its coordinates' mean, seen through noise of std 0.01).
+  small = dp.LocalGaussianSumQuery(l2_norm_clip=1.0, stddev=0.01)
+  big = (tf.fill([2000], 20.0 / math.sqrt(2000)), tf.zeros(3))
+  noised = small.preprocess_record(
+      small.derive_sample_params(small.initial_global_state()), big)
+  assert np.mean(noised[0]) == pytest.approx(1.0 / math.sqrt(2000),
+                                             rel=0.05)
+  summed = (tf.fill([2000], 2.0), tf.ones(3))
+  result, _, _ = query.get_noised_result(summed, state)
+  np.testing.assert_array_equal(result[0].numpy(), summed[0].numpy())
+
+
 def test_fedavg_with_dp_uploads_noised_updates():
   """One round of FedAvg with the DP aggregator: the server's new weights
   are the mean of the clients' trained weights plus noise of std
