@@ -62,6 +62,24 @@ def test_no_extractor_crosses_a_placement(process, init_clients):
   assert EXTRACTOR_KERNEL_SHAPES <= set(_tensor_shapes(clients_out))
 
 
+def test_no_extractor_value_is_uploaded(process, init_clients):
+  """What a round's clients upload, searched for their extractors' values
+  before and after the round: none is there, in any shape (the types'
+  check above sees shapes only)."""
+  states = init_clients([1, 2])
+  outputs = process.parts.clients_step(
+      process.initialize(), states,
+      [_client_data(16, 1), _client_data(16, 2)])
+  uploads = [o.upload for o in outputs]
+  extractors = ([s.extractor for s in states] +
+                [o.state.extractor for o in outputs])
+  assert placement.shared_fraction(uploads, extractors) < 0.1
+  # The search finds an extractor hidden as one vector of all its weights.
+  hidden = [np.concatenate([np.ravel(w) for w in o.state.extractor])
+            for o in outputs]
+  assert placement.shared_fraction(uploads + hidden, extractors) > 0.45
+
+
 def test_leak_check_catches_a_leaky_computation(init_clients):
   state_type = init_clients.type_signature.result
 

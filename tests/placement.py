@@ -10,6 +10,12 @@ network's tensor, nor anything else a round moves, matches them (the tests
 check that FedAvg's and a deliberately leaky computation's crossings do).
 Biases and batch-norm vectors are left out: their sizes (6, 16, 64, 128)
 are too common to tell networks apart.
+
+A type can only show shapes: an extractor concatenated into one vector, or
+reshaped to another shape of the same size, has no kernel's shape. So the
+tests also look at values (`shared_fraction`): what a round's clients
+actually upload is searched for the extractors' kernel values, whatever
+shape carries them.
 """
 
 import functools
@@ -95,6 +101,33 @@ def leaks(comp, config: FedCGConfig | None = None):
   kernels = (EXTRACTOR_KERNEL_SHAPES if config is None else
              extractor_kernels(config.model, config.image_channels))
   return [uri for uri, t in crossings(comp) if carries_kernel(t, kernels)]
+
+
+def _float_values(structure) -> np.ndarray:
+  """Every float32 value in `structure` (nested tensors or arrays), as
+  their bit patterns."""
+  arrays = [np.asarray(x, np.float32).ravel()
+            for x in tf.nest.flatten(structure)
+            if np.asarray(x).dtype.kind == 'f']
+  if not arrays:
+    return np.zeros(0, np.uint32)
+  return np.concatenate(arrays).view(np.uint32)
+
+
+def shared_fraction(uploads, extractors) -> float:
+  """The fraction of the extractors' kernel values (weights of rank >= 2:
+  random draws, so distinct) found anywhere in `uploads`, bit for bit: 1
+  when an extractor is uploaded, in any shape, flattened, concatenated or
+  permuted; near 0 when none is. Not exactly 0: other networks' values
+  equal some of the extractor's by chance (1.5% of LeNet's 2550 kernel
+  values turn up in a FedCG upload of about 900 000 values), so callers
+  compare against 0.1."""
+  kernels = [k for k in tf.nest.flatten(extractors) if np.ndim(k) >= 2]
+  wanted = np.unique(_float_values(kernels))
+  wanted = wanted[wanted != 0]  # +0.0: a weight's value never drawn.
+  if wanted.size == 0:
+    raise ValueError('no extractor kernel values to look for')
+  return float(np.isin(wanted, _float_values(uploads)).mean())
 
 
 _MAPS = ('federated_map', 'federated_apply', 'federated_map_all_equal')
