@@ -122,11 +122,7 @@ def main(argv):
   if bad or not FLAGS.algorithms:
     raise app.UsageError(f'--algorithms: {bad or "empty"} not in '
                          f'{tuple(ORIGINAL)}')
-  try:
-    seeds = [int(s) for s in FLAGS.seeds]
-  except ValueError:
-    raise app.UsageError(f'--seeds must be integers, got {FLAGS.seeds}'
-                         ) from None
+  seeds = common.distinct_list('seeds', int, 'integers')
   if not FLAGS.report_only:
     for algorithm in FLAGS.algorithms:
       rounds = max(ORIGINAL[algorithm]) + 1

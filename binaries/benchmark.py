@@ -131,6 +131,20 @@ def training_flops(config, flops: dict[str, float], examples: int):
   return stage1, stage2
 
 
+def code_commit() -> str | None:
+  """The commit of the code being timed (its full hash, '-dirty' if the
+  tree has changes), or None outside a git checkout: JSON files outlive
+  the tree."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  try:
+    return subprocess.run(
+        ['git', 'describe', '--always', '--dirty', '--abbrev=40',
+         '--exclude=*'], cwd=common.ROOT,
+        capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
 def peak_rss_bytes(pid: int) -> int:
   """VmHWM: the peak resident set of a live process."""
   try:
@@ -213,6 +227,7 @@ def main(argv):
                         for p in runtime.worker_processes()]}
   result = {
       'host': devices.host_cpu(),
+      'commit': code_commit(),
       'flags': {name: FLAGS[name].value for name in (
           'clients', 'train_per_client', 'batch_size', 'local_epochs',
           'gan_epochs', 'server_steps', 'rounds', 'warmup_rounds',

@@ -46,7 +46,7 @@ def distinct_list(name: str, kind: type, what: str, valid=None,
                   condition: str = '') -> list:
   """The list flag `name` as distinct values of `kind` (int or float),
   each passing `valid` (described by `condition`); refuses anything else
-  naming the flag."""
+  naming the flag and what it must hold (`what`: 'integers', 'numbers')."""
   raw = FLAGS[name].value
   try:
     values = [kind(v) for v in raw]

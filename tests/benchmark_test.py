@@ -3,6 +3,7 @@ from the driver's timing hook add up (the README's speed tables come
 from it)."""
 
 import json
+import subprocess
 
 from fedcg_tff.execution import devices
 from tests import binary_runs
@@ -26,6 +27,13 @@ def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
 
   result = json.loads(out.read_text())
   assert result['host'] == devices.host_cpu()
+  # The code timed: this checkout's commit (None outside a git checkout).
+  head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=binary_runs.ROOT,
+                        capture_output=True, text=True)
+  if head.returncode == 0:
+    assert result['commit'].split('-')[0] == head.stdout.strip()
+  else:
+    assert result['commit'] is None
   # The warm-up round (round 0) traces and compiles: it is not averaged.
   assert [row['round'] for row in result['rounds']] == [1, 2]
   mean = result['mean_seconds']

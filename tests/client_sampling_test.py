@@ -561,7 +561,6 @@ def test_binary_samples_dirichlet_clients(tmp_path, capfd):
   assert '--clients_per_round: stored 5, given 10' in error, error
 
 
-
 def test_binary_keeps_every_client_on_disk_when_asked(tmp_path):
   """--client_states_on_disk without sampling: every client's state goes
   to its file each round (the driver test above shows the rounds equal
@@ -578,6 +577,7 @@ def test_binary_keeps_every_client_on_disk_when_asked(tmp_path):
       'client_00000.r000001.npz', 'client_00001.r000001.npz']
   definition = json.loads((out / 'run.json').read_text())
   assert definition['run']['client_states_on_disk'] is True
+
 
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
