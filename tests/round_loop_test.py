@@ -51,6 +51,13 @@ def test_tracker_keeps_test_at_best_validation():
   assert '65.00' in table and '70.00' in table and '67.50' in table
 
 
+def test_time_left_is_at_the_median_round():
+  """A paused round of an hour does not make every round left an hour."""
+  assert round_loop.time_left([300.0, 3600.0, 330.0], 10) == '55m00s'
+  assert round_loop.time_left([300.0], 13) == '1h05m00s'
+  assert round_loop.time_left([300.0, 330.0], 0) == '0m00s'
+
+
 def test_run_stops_after_patience_rounds_without_a_new_best(tmp_path):
   val = [[0.1, 0.1], [0.2, 0.1], [0.2, 0.3], [0.2, 0.3], [0.2, 0.3],
          [0.2, 0.3], [0.9, 0.9]]

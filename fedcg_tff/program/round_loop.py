@@ -111,6 +111,15 @@ def _duration(seconds: float) -> str:
   return f'{h}h{m:02d}m{s:02d}s' if h else f'{m}m{s:02d}s'
 
 
+def time_left(round_seconds, rounds_left: int) -> str:
+  """At most how long the rounds left take, at the median round so far:
+  a round paused (SIGSTOP while a test suite runs) or slowed by another
+  job counts as one round, not as hours spread over all the rest (the
+  mean's way). An upper bound in rounds only: early stopping may end the
+  run sooner."""
+  return _duration(float(np.median(round_seconds)) * rounds_left)
+
+
 @dataclasses.dataclass
 class RunResult:
   tracker: BestTracker
@@ -262,12 +271,11 @@ def run(algorithm: Algorithm,
           'algorithm': packed,
           'loop': _loop_state(tracker, since_best, round_seconds)})
 
-    mean_time = float(np.mean(round_seconds))
-    remaining = max_rounds - rounds_run
     log(f'round {rounds_run}/{max_rounds} | '
         f'val {100 * np.mean(val):.2f}% test {100 * np.mean(test):.2f}% | '
         f'best-val test {100 * tracker.mean_test:.2f}% | '
-        f'{elapsed:.1f}s | ETA <= {_duration(mean_time * remaining)} '
+        f'{elapsed:.1f}s | ETA <= '
+        f'{time_left(round_seconds, max_rounds - rounds_run)} '
         f'({since_best}/{patience} rounds without a new best)')
     if since_best >= patience:
       return RunResult(tracker, rounds_run, True, round_seconds, resumed_from)
