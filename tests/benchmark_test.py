@@ -65,3 +65,17 @@ def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
   assert result['peak_rss_bytes']['driver'] > 0
   assert 'full-protocol round' not in done.stdout  # Only with --full_protocol.
   assert 'GFLOP/s' in done.stdout and '% of peak' in done.stdout
+
+
+def test_contention_benchmark_names_the_flag_of_a_bad_workload():
+  from benchmarks import contention_benchmark  # pylint: disable=g-import-not-at-top
+  check = contention_benchmark.check_workloads
+  assert check(['compute', 'adam_6', 'gan'])
+  assert contention_benchmark.adam_megabytes('adam_25') == 25
+  for bad in ('adam_x', 'adam_0', 'adam_', 'gans', 'adam6'):
+    try:
+      check(['compute', bad])
+    except contention_benchmark.flags.ValidationError as e:
+      assert '--workloads' in str(e) and repr(bad) in str(e), (bad, e)
+    else:
+      raise AssertionError(f'{bad!r} accepted')
