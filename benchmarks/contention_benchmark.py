@@ -1,21 +1,25 @@
 r"""How much two one-thread jobs on the host's two CPUs slow each other down,
-for the three kinds of work a FedCG round is made of.
+for the three kinds of work a FedCG round is made of, in wall and CPU
+seconds (wall above CPU: the job sat idle rather than slowed).
 
   .venv/bin/python -m benchmarks.contention_benchmark
 
 A full-protocol round runs two clients at once, one thread each
-(`execution/runtime.py`). On the Intel Xeon host one client's GAN epoch
-took about 4 s alone and about 7 s with a second client beside it, where the
-AMD AVX-512 host lost 11%. This tells which shared resource is to blame by
-timing each workload alone, then two copies at once (one thread each,
-unpinned, as a round runs its clients):
-- `compute`: a 128x128 matrix product repeated, in L1/L2; slows down only if
+(`execution/runtime.py`). On the Intel Xeon host, before the clients'
+datasets ran without tf.data's autotuning, one client's GAN epoch took
+about 4 s alone and about 7 s in the round; this benchmark showed the
+extra time to be idling, not sharing (README, "Speed and scale"). Each
+workload is timed alone, then as two processes at once (unpinned, as a
+round's threads are), both released together after their warm-up:
+- `compute`: a 128x128 matrix product repeated, in L2; slows down only if
   the two CPUs share a core's vector units (SMT siblings).
 - `adam_<MB>`: TF's fused Adam step over weights of that many MB (the
   step reads weights, gradient and both moments and writes three of them: a
   client's working set is four times its weights). FedCG's G and D hold
   1.56 M weights (6.2 MB), so one client streams ~25 MB a step.
-- `gan`: one client's GAN epoch (2000 images, batch 8, as in the round).
+- `gan`: one client's GAN epoch (2000 images, batch 8, as in the round),
+  on `synthetic.client_dataset`, which runs without autotuning as the
+  clients' datasets do.
 The slowdown of each is printed with the host's CPU and L3 size.
 """
 
@@ -50,28 +54,31 @@ def adam_megabytes(name):
   prefix, _, size = name.partition('_')
   if prefix != 'adam':
     return None
-  if not size.isdigit() or int(size) < 1:
+  if not (size.isascii() and size.isdecimal()) or int(size) < 1:
     raise ValueError(f'{name!r}: the size in adam_<MB> must be a positive '
                      'integer')
   return int(size)
 
 
-def check_workloads(names):
-  """Raises flags.ValidationError naming --workloads for a bad name."""
+def check_workloads(names, flag='workloads'):
+  """Raises flags.ValidationError naming --`flag` for a bad name."""
+  if not names:
+    raise flags.ValidationError(f'--{flag}: name at least one workload')
   for name in names:
     try:
       known = name in ('compute', 'gan') or adam_megabytes(name) is not None
     except ValueError as e:
-      raise flags.ValidationError(f'--workloads: {e}') from e
+      raise flags.ValidationError(f'--{flag}: {e}') from e
     if not known:
       raise flags.ValidationError(
-          f'--workloads: unknown workload {name!r} (compute, adam_<MB>, gan)')
+          f'--{flag}: unknown workload {name!r} (compute, adam_<MB>, gan)')
   return True
 
 
 flags.register_validator('workloads', check_workloads)
-flags.register_validator('workload',
-                         lambda name: name is None or check_workloads([name]))
+flags.register_validator(
+    'workload', lambda name: name is None or check_workloads([name],
+                                                             'workload'))
 
 
 def _time_workload(name):
@@ -84,7 +91,8 @@ def _time_workload(name):
 
     @tf.function
     def unit():
-      return tf.foldl(lambda acc, _: tf.matmul(acc, a) * 1e-2,
+      # Scaled to keep the product near unit size (no denormals).
+      return tf.foldl(lambda acc, _: tf.matmul(acc, a) * 128**-0.5,
                       tf.range(20000), initializer=a)
   elif adam_megabytes(name):
     size = adam_megabytes(name) * 2**20 // 4
@@ -109,6 +117,10 @@ def _time_workload(name):
         nets, state.discriminator_optimizer, state.generator_optimizer,
         dataset, state.seed, 0))
   unit()
+  # Warmed up: tell the parent, and start when it says so (both copies of
+  # a pair then time the same stretch of the machine's life).
+  print('ready', flush=True)
+  sys.stdin.readline()
   walls, cpus = [], []
   for _ in range(_REPEATS.value):
     wall, cpu = time.perf_counter(), time.process_time()
@@ -122,18 +134,25 @@ def _run_at_once(name, copies):
   """Starts `copies` processes of `name` at once; their (wall, CPU)
   seconds each.
 
-  Not pinned to CPUs, as a round's worker threads are not: pinned to one
-  CPU, a GAN epoch here took a whole multiple of 5.11 s of wall time
-  (5.11 or 10.23 s for 4.6-6.1 CPU seconds), an artefact of this VM that
-  unpinned runs do not show.
+  Not pinned to CPUs, as a round's worker threads are not. Each copy
+  imports TF and warms up first; all start timing together.
   """
   procs = []
   for _ in range(copies):
     procs.append(subprocess.Popen(
         [sys.executable, '-m', 'benchmarks.contention_benchmark',
          f'--workload={name}', f'--repeats={_REPEATS.value}'],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')))
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')))
+  for proc in procs:
+    if proc.stdout.readline().strip() != 'ready':
+      break  # It failed: communicate() below reports it.
+  for proc in procs:
+    try:
+      proc.stdin.write('go\n')
+      proc.stdin.flush()
+    except BrokenPipeError:
+      pass  # It failed: communicate() below reports it.
   seconds = []
   for proc in procs:
     out, err = proc.communicate()
@@ -146,7 +165,10 @@ def _run_at_once(name, copies):
 
 def _l3_size():
   path = '/sys/devices/system/cpu/cpu0/cache/index3/size'
-  return open(path).read().strip() if os.path.exists(path) else 'unknown'
+  if not os.path.exists(path):
+    return 'unknown'
+  with open(path) as f:
+    return f.read().strip()
 
 
 def main(argv):

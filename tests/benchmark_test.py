@@ -5,6 +5,8 @@ from it)."""
 import json
 import subprocess
 
+import pytest
+
 from fedcg_tff.execution import devices
 from tests import binary_runs
 from tests import fake_data
@@ -72,7 +74,13 @@ def test_contention_benchmark_names_the_flag_of_a_bad_workload():
   check = contention_benchmark.check_workloads
   assert check(['compute', 'adam_6', 'gan'])
   assert contention_benchmark.adam_megabytes('adam_25') == 25
-  for bad in ('adam_x', 'adam_0', 'adam_', 'gans', 'adam6'):
+  with pytest.raises(contention_benchmark.flags.ValidationError,
+                     match='--workload: .*adam_x'):
+    check(['adam_x'], 'workload')
+  with pytest.raises(contention_benchmark.flags.ValidationError,
+                     match='--workloads: name at least one'):
+    check([])
+  for bad in ('adam_x', 'adam_0', 'adam_', 'gans', 'adam6', 'adam_\u00b2'):
     try:
       check(['compute', bad])
     except contention_benchmark.flags.ValidationError as e:
