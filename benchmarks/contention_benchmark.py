@@ -40,7 +40,8 @@ from fedcg_tff.execution import devices
 
 _WORKLOAD = flags.DEFINE_string(
     'workload', None, 'Run one workload in this process and print its '
-    'seconds (used by the parent run).')
+    'wall and CPU seconds (used by the parent run: after its warm-up it '
+    'prints "ready" and waits for a line on stdin).')
 _WORKLOADS = flags.DEFINE_list(
     'workloads', ['compute', 'adam_6', 'adam_25', 'adam_50', 'gan'],
     'Workloads to time alone and in pairs.')
