@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import dataset_options_pb2
+from tensorflow_federated.python.core.impl.executors import value_serialization
 
 from tasks import image_task
 
@@ -129,6 +131,21 @@ def test_client_pipelines_run_without_autotuning_and_same_elements(
         np.testing.assert_array_equal(a, b)
   three = image_task.without_autotune(tf.data.Dataset.range(3))
   assert list(three.as_numpy_iterator()) == [0, 1, 2]
+
+
+def test_autotuning_stays_off_in_what_tff_sends_to_a_worker():
+  # A worker rebuilds each client's dataset from the GraphDef TFF serialises
+  # (value_serialization's private helper is what TFF 0.87 calls); the
+  # option must travel in it, or the workers run with autotuning on.
+  x = np.zeros((16, 28, 28, 1), np.uint8)
+  ds = _task(x, np.zeros(16, np.int32)).train_datasets(0, 8)[0]
+  graph = tf.compat.v1.GraphDef.FromString(
+      value_serialization._serialize_dataset(ds))  # pylint: disable=protected-access
+  options = [dataset_options_pb2.Options.FromString(
+      node.attr['serialized_options'].s)
+             for node in graph.node if node.op == 'OptionsDataset']
+  assert options and all(o.autotune_options.HasField('enabled') and
+                         not o.autotune_options.enabled for o in options)
 
 
 if __name__ == '__main__':
