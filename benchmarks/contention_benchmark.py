@@ -34,7 +34,6 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import synthetic
-from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.execution import devices
 
@@ -95,8 +94,8 @@ def _time_workload(name):
       # Scaled to keep the product near unit size (no denormals).
       return tf.foldl(lambda acc, _: tf.matmul(acc, a) * 128**-0.5,
                       tf.range(20000), initializer=a)
-  elif adam_megabytes(name):
-    size = adam_megabytes(name) * 2**20 // 4
+  elif megabytes := adam_megabytes(name):
+    size = megabytes * 2**20 // 4
     weights = tf.Variable(tf.random.normal([size]))
     m = tf.Variable(tf.zeros([size]))
     v = tf.Variable(tf.zeros([size]))
@@ -111,12 +110,8 @@ def _time_workload(name):
             epsilon=1e-8, grad=grad)
   else:
     config = FedCGConfig(local_epochs=1, gan_epochs=1)
-    dataset = synthetic.client_dataset(config.batch_size)
-    nets = fedcg_tf.PartyNetworks(config)
-    state = fedcg_tf.initial_client_state(config, 1)
-    unit = tf.function(lambda: fedcg_tf.train_gan(
-        nets, state.discriminator_optimizer, state.generator_optimizer,
-        dataset, state.seed, 0))
+    unit = synthetic.gan_epoch(config,
+                               synthetic.client_dataset(config.batch_size))
   unit()
   # Warmed up: tell the parent, and start when it says so (both copies of
   # a pair then time the same stretch of the machine's life).

@@ -33,13 +33,9 @@ def main():
   epochs = {}
   for paired in (True, False):
     fedcg_tf.PAIRED_D_PASSES = paired  # Read when the loop is traced.
-    nets = fedcg_tf.PartyNetworks(config)
-    state = fedcg_tf.initial_client_state(config, 1)
-    epochs[f'stage 2, {"paired" if paired else "two"} D passes'] = (
-        tf.function(lambda nets=nets, state=state: fedcg_tf.train_gan(
-            nets, state.discriminator_optimizer, state.generator_optimizer,
-            dataset, state.seed, 0)))
-    list(epochs.values())[-1]()  # Trace.
+    epoch = synthetic.gan_epoch(config, dataset)
+    epoch()  # Trace.
+    epochs[f'stage 2, {"paired" if paired else "two"} D passes'] = epoch
   fedcg_tf.PAIRED_D_PASSES = True
   nets = fedcg_tf.PartyNetworks(config)
   state = fedcg_tf.initial_client_state(config, 1)
