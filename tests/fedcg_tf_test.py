@@ -11,6 +11,7 @@ import tensorflow as tf
 from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.models import layers
 from fedcg_tff.models import model_weights
 
 TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
@@ -191,6 +192,41 @@ def test_stage2_generator_step_raises_discriminator_score():
         nets.discriminator([fake, tf.constant(y)], training=True))))
 
   assert score(g_after) > score(g_before) + 1e-3
+
+
+def test_stage2_generator_moving_averages_as_the_original_two_passes():
+  # The published code runs G in training mode twice per GAN step, for D's
+  # step and again for G's, on the same (z, y) with unchanged weights: G's
+  # batch-norm moving averages take two updates from one batch's
+  # statistics. train_gan runs G once; its moving averages must still be
+  # the two calls'.
+  config = dataclasses.replace(TINY, gan_epochs=1)
+  nets = _nets(config)
+  x, y = _batch(8)
+  ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+  state = fedcg_tf.initial_client_state(config, 1)
+  seed, round_num = tf.constant(1, tf.int64), tf.constant(0)
+  g_before = [v.numpy().copy() for v in nets.generator.weights]
+  tf.function(lambda: fedcg_tf.train_gan(
+      nets, state.discriminator_optimizer, state.generator_optimizer, ds,
+      seed, round_num))()
+  moving = lambda: [v.numpy().copy() for v in nets.generator.weights
+                    if 'moving' in v.name]
+  after_step = moving()
+  assert len(after_step) == 6  # Mean and variance of G's 3 batch norms.
+  norms = [m for m in nets.generator.submodules
+           if isinstance(m, tf.keras.layers.BatchNormalization)]
+  assert [n.momentum for n in norms] == [layers.BN_MOMENTUM] * 3  # Restored.
+  nets.generator.set_weights(g_before)
+  z = training_tf.noise(seed, training_tf.NOISE_STREAM_GAN, round_num, 0,
+                        [8, config.noise_dim])
+  once = None
+  for _ in range(2):
+    nets.generator([z, tf.constant(y)], training=True)
+    once = once or moving()
+  for got, twice, one in zip(after_step, moving(), once):
+    np.testing.assert_allclose(got, twice, rtol=1e-5, atol=1e-7)
+    assert np.abs(twice - one).max() > 1e-3  # The two differ: a real check.
 
 
 def test_distillation_lowers_kl_on_fixed_noise():

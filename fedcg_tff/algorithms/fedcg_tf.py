@@ -243,7 +243,10 @@ def train_gan(nets: PartyNetworks, d_optimizer_state, g_optimizer_state, dataset
       real = nets.extractor(x, training=False)
       z = training_tf.noise(seed, training_tf.NOISE_STREAM_GAN, round_num,
                             steps, [batch, config.noise_dim])
-      with tf.GradientTape() as g_tape:
+      # The original runs G twice here, for D's step and for G's (same z,
+      # y and weights, so the same output): two moving-average updates.
+      with tf.GradientTape() as g_tape, layers.repeated_moving_average_updates(
+          nets.generator, 2):
         fake = nets.generator([z, y], training=True)
       with tf.GradientTape() as d_tape:
         d_real, d_fake = discriminate(nets.discriminator, real,

@@ -10,7 +10,8 @@ ResNet-18 families alike).
   `gan_batch_norm`), PyTorch's layer defaults for E and C
   (`torch_default_init`), N(0, 1) label embeddings (`label_embedding`, as
   `torch.nn.Embedding`).
-* Batch norm with PyTorch's momentum and epsilon.
+* Batch norm with PyTorch's momentum and epsilon, and the moving averages
+  of a pass the original runs twice (`repeated_moving_average_updates`).
 """
 
 import contextlib
@@ -73,6 +74,32 @@ class PairedBatchNormalization(tf.keras.layers.BatchNormalization):
     first, second = tf.split(inputs, 2)
     first = super().call(first, training=training)
     return tf.concat([first, super().call(second, training=training)], 0)
+
+
+@contextlib.contextmanager
+def repeated_moving_average_updates(model: tf.keras.Model, times: int):
+  """Within, a training-mode call of `model` moves each batch norm's moving
+  averages as `times` such calls on the same batch would: with momentum m,
+  t updates from the same batch statistics b give m^t * avg + (1 - m^t) * b,
+  so the layers' momentum is m^t while the block lasts. It is read when a
+  call is traced.
+
+  Why: the published code's FedCG stage 2 runs G in training mode twice per
+  step on the same (z, y) with the same weights, once for D's step and again
+  for G's, so G's moving averages take two updates from one batch's
+  statistics. `fedcg_tf.train_gan` runs G once and uses its output for both
+  steps; this keeps the original's moving averages without the second pass.
+  """
+  norms = [m for m in model.submodules
+           if isinstance(m, tf.keras.layers.BatchNormalization)]
+  saved = [norm.momentum for norm in norms]
+  for norm in norms:
+    norm.momentum = norm.momentum ** times
+  try:
+    yield
+  finally:
+    for norm, momentum in zip(norms, saved):
+      norm.momentum = momentum
 
 
 def gan_batch_norm():
