@@ -117,6 +117,29 @@ def test_stage1_dist_term_pulls_features_to_generator(distance):
   assert dist() < 0.5 * before
 
 
+def _one_gan_step(**config_changes):
+  """One stage-2 step (one epoch over one batch of 8) from `_nets`' weights.
+
+  Returns the networks after it, the batch (x, y), the step's noise z, the
+  weights of E, G and D before it (lists of arrays, by network name) and
+  train_gan's outputs.
+  """
+  config = dataclasses.replace(TINY, gan_epochs=1, **config_changes)
+  nets = _nets(config)
+  x, y = _batch(8)
+  ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+  state = fedcg_tf.initial_client_state(config, 1)
+  seed, round_num = tf.constant(1, tf.int64), tf.constant(0)
+  before = {name: [v.numpy().copy() for v in getattr(nets, name).weights]
+            for name in ('extractor', 'generator', 'discriminator')}
+  outputs = tf.function(lambda: fedcg_tf.train_gan(
+      nets, state.discriminator_optimizer, state.generator_optimizer, ds,
+      seed, round_num))()
+  z = training_tf.noise(seed, training_tf.NOISE_STREAM_GAN, round_num, 0,
+                        [8, config.noise_dim])
+  return nets, (x, tf.constant(y)), z, before, outputs
+
+
 def test_stage2_discriminator_step_lowers_its_loss():
   # One stage-2 step: D is updated on E(x) as real and G(z) as fake. On
   # those same inputs the new D's loss must be lower than the old D's: D's
@@ -124,44 +147,30 @@ def test_stage2_discriminator_step_lowers_its_loss():
   # epochs that this test used to check: that gap depends on the
   # trajectory, hence on the host's float rounding; it was +0.1 on an AVX2
   # host and -0.01 on an AVX-512 one.)
-  config = dataclasses.replace(TINY, gan_epochs=1, lr=1e-4)
-  nets = _nets(config)
-  x, y = _batch(8)
-  ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-  state = fedcg_tf.initial_client_state(config, 1)
-  seed, round_num = tf.constant(1, tf.int64), tf.constant(0)
-  e_before = [v.numpy().copy() for v in nets.extractor.weights]
-  g_before = [v.numpy().copy() for v in nets.generator.weights]
-  d_before = [v.numpy().copy() for v in nets.discriminator.weights]
-  d_opt, g_opt, d_loss, g_loss = tf.function(
-      lambda: fedcg_tf.train_gan(nets, state.discriminator_optimizer,
-                                 state.generator_optimizer, ds, seed,
-                                 round_num))()
+  nets, (x, y), z, before, (d_opt, g_opt, d_loss, g_loss) = _one_gan_step(
+      lr=1e-4)
   d_after = [v.numpy().copy() for v in nets.discriminator.weights]
-  z = training_tf.noise(seed, training_tf.NOISE_STREAM_GAN, round_num, 0,
-                        [8, config.noise_dim])
   bce = tf.keras.losses.BinaryCrossentropy(from_logits=True)
 
   def loss_of(d_weights):
-    nets.generator.set_weights(g_before)
+    nets.generator.set_weights(before['generator'])
     nets.discriminator.set_weights(d_weights)
     real = nets.extractor(tf.constant(x), training=False)
-    fake = nets.generator([z, tf.constant(y)], training=True)
-    d_real, d_fake = fedcg_tf.discriminate(nets.discriminator, real, fake,
-                                           tf.constant(y))
+    fake = nets.generator([z, y], training=True)
+    d_real, d_fake = fedcg_tf.discriminate(nets.discriminator, real, fake, y)
     return float(bce(tf.ones_like(d_real), d_real) +
                  bce(tf.zeros_like(d_fake), d_fake))
 
-  before = loss_of(d_before)
+  loss_before = loss_of(before['discriminator'])
   # The loss recomputed here is the one the step reported (same inputs).
-  np.testing.assert_allclose(before, float(d_loss), rtol=1e-5)
+  np.testing.assert_allclose(loss_before, float(d_loss), rtol=1e-5)
   # 1.46 -> 1.26 here. (At lr 3e-4 or 1e-3 Adam's first step, about lr
   # on every weight whatever its gradient, overshoots: the loss rises.)
-  after = loss_of(d_after)
-  assert after < before - 0.05, (before, after)
+  loss_after = loss_of(d_after)
+  assert loss_after < loss_before - 0.05, (loss_before, loss_after)
   assert int(d_opt['step']) == 1 and int(g_opt['step']) == 1
   assert float(g_loss) > 0
-  for a, b in zip(e_before, nets.extractor.weights):  # E stays frozen.
+  for a, b in zip(before['extractor'], nets.extractor.weights):  # Frozen.
     np.testing.assert_array_equal(a, b.numpy())
 
 
@@ -169,29 +178,18 @@ def test_stage2_generator_step_raises_discriminator_score():
   # One stage-2 step: D is updated, then G takes one step against the updated
   # D. Judged by that D (held fixed), the new G's output must look more real
   # than the old G's on the same noise: G's loss has the right sign.
-  config = dataclasses.replace(TINY, gan_epochs=1, lr=1e-3)
-  nets = _nets(config)
-  x, y = _batch(8)
-  ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-  state = fedcg_tf.initial_client_state(config, 1)
-  seed, round_num = tf.constant(1, tf.int64), tf.constant(0)
-  g_before = [v.numpy().copy() for v in nets.generator.weights]
-  tf.function(lambda: fedcg_tf.train_gan(
-      nets, state.discriminator_optimizer, state.generator_optimizer, ds,
-      seed, round_num))()
+  nets, (_, y), z, before, _ = _one_gan_step(lr=1e-3)
   g_after = [v.numpy().copy() for v in nets.generator.weights]
   d_after = [v.numpy().copy() for v in nets.discriminator.weights]
-  z = training_tf.noise(seed, training_tf.NOISE_STREAM_GAN, round_num, 0,
-                        [8, config.noise_dim])
 
   def score(g_weights):
     nets.generator.set_weights(g_weights)
     nets.discriminator.set_weights(d_after)
-    fake = nets.generator([z, tf.constant(y)], training=True)
+    fake = nets.generator([z, y], training=True)
     return float(tf.reduce_mean(tf.sigmoid(
-        nets.discriminator([fake, tf.constant(y)], training=True))))
+        nets.discriminator([fake, y], training=True))))
 
-  assert score(g_after) > score(g_before) + 1e-3
+  assert score(g_after) > score(before['generator']) + 1e-3
 
 
 def test_stage2_generator_moving_averages_as_the_original_two_passes():
@@ -200,16 +198,7 @@ def test_stage2_generator_moving_averages_as_the_original_two_passes():
   # batch-norm moving averages take two updates from one batch's
   # statistics. train_gan runs G once; its moving averages must still be
   # the two calls'.
-  config = dataclasses.replace(TINY, gan_epochs=1)
-  nets = _nets(config)
-  x, y = _batch(8)
-  ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
-  state = fedcg_tf.initial_client_state(config, 1)
-  seed, round_num = tf.constant(1, tf.int64), tf.constant(0)
-  g_before = [v.numpy().copy() for v in nets.generator.weights]
-  tf.function(lambda: fedcg_tf.train_gan(
-      nets, state.discriminator_optimizer, state.generator_optimizer, ds,
-      seed, round_num))()
+  nets, (_, y), z, before, _ = _one_gan_step()
   moving = lambda: [v.numpy().copy() for v in nets.generator.weights
                     if 'moving' in v.name]
   after_step = moving()
@@ -217,13 +206,10 @@ def test_stage2_generator_moving_averages_as_the_original_two_passes():
   norms = [m for m in nets.generator.submodules
            if isinstance(m, tf.keras.layers.BatchNormalization)]
   assert [n.momentum for n in norms] == [layers.BN_MOMENTUM] * 3  # Restored.
-  nets.generator.set_weights(g_before)
-  z = training_tf.noise(seed, training_tf.NOISE_STREAM_GAN, round_num, 0,
-                        [8, config.noise_dim])
-  once = None
-  for _ in range(2):
-    nets.generator([z, tf.constant(y)], training=True)
-    once = once or moving()
+  nets.generator.set_weights(before['generator'])
+  nets.generator([z, y], training=True)
+  once = moving()
+  nets.generator([z, y], training=True)
   for got, twice, one in zip(after_step, moving(), once):
     np.testing.assert_allclose(got, twice, rtol=1e-5, atol=1e-7)
     assert np.abs(twice - one).max() > 1e-3  # The two differ: a real check.
