@@ -287,3 +287,18 @@ def test_paired_passes_change_nothing_outside_training_or_the_context():
 
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
+
+
+def test_gan_batch_norm_moving_variance_is_the_unbiased_one():
+  # PyTorch's running variance takes the unbiased batch variance (n - 1),
+  # as Keras' fused batch-norm kernel does; Keras' non-fused batch norm
+  # takes the biased one. G's and D's batch norms see 4-D maps and must
+  # stay fused for the original's moving statistics.
+  bn = layers.gan_batch_norm()
+  x = tf.random.stateless_normal([8, 2, 2, 4], seed=[1, 2])
+  bn.build(x.shape)
+  tf.function(lambda: bn(x, training=True))()
+  unbiased = np.var(x.numpy(), axis=(0, 1, 2), ddof=1)
+  np.testing.assert_allclose(
+      bn.moving_variance.numpy(),
+      layers.BN_MOMENTUM + (1 - layers.BN_MOMENTUM) * unbiased, rtol=1e-6)

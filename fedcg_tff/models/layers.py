@@ -93,9 +93,9 @@ def repeated_moving_average_updates(model: tf.keras.Model, times: int):
   norms = [m for m in model.submodules
            if isinstance(m, tf.keras.layers.BatchNormalization)]
   saved = [norm.momentum for norm in norms]
-  for norm in norms:
-    norm.momentum = norm.momentum ** times
   try:
+    for norm, momentum in zip(norms, saved):
+      norm.momentum = momentum ** times
     yield
   finally:
     for norm, momentum in zip(norms, saved):
