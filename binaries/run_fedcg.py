@@ -77,6 +77,12 @@ flags.DEFINE_float('prox_mu', _DEFAULTS.prox_mu,
                    'FedProx: weight mu of (mu/2)||w - w_global||^2.')
 flags.DEFINE_float('diversity_weight', _DEFAULTS.diversity_weight,
                    'FedGen: weight of the generator\'s diversity term.')
+flags.DEFINE_bool('replay_draws', _DEFAULTS.replay_draws,
+                  'Replay the first round\'s random draws (data order and '
+                  'flips, noise, distillation inputs) every round, the same '
+                  'for every client, as the published code does by '
+                  'reseeding each round; default: fresh draws each round '
+                  'and per client.')
 # Run.
 flags.DEFINE_integer('rounds', 200, 'Maximum number of rounds.')
 flags.DEFINE_integer('patience', 20, 'Stop after this many rounds without a '
@@ -420,6 +426,10 @@ def run_definition(config) -> dict:
   number of classes and channels) and the run flags."""
   definition = {'config': dataclasses.asdict(config),
                 'run': {name: FLAGS[name].value for name in RUN_FLAGS}}
+  if not config.replay_draws:
+    # Written only when set, so that runs recorded before the flag existed
+    # (the same draws) still resume and are still found finished.
+    del definition['config']['replay_draws']
   definition['run'].update(client_sampling_definition())
   definition['run'].update(dp_definition())
   return definition
@@ -508,7 +518,8 @@ def main(argv):
     result = round_loop.run(
         algorithm,
         train_data_fn=_with_injected_fault(
-            lambda r: task.train_datasets(r, config.batch_size, size)),
+            lambda r: task.train_datasets(r, config.batch_size, size,
+                                          config.replay_draws)),
         val_data=task.val_datasets(size),
         test_data=task.test_datasets(size),
         max_rounds=FLAGS.rounds,

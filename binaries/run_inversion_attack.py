@@ -187,7 +187,8 @@ class _Replay:
     `round_num` (1-based) as the run computed it."""
     server, clients = self.state_after(round_num - 1)
     data = self.task.train_datasets(round_num - 1, self.config.batch_size,
-                                    self.config.image_size)
+                                    self.config.image_size,
+                                    self.config.replay_draws)
     # The whole round's clients' step, as the run computed it (a client
     # run alone could get other threads, hence other float rounding, which
     # Adam's first steps amplify).

@@ -67,6 +67,13 @@ class FedCGConfig:
   prox_mu: float = 0.01
   # FedGen: weight of the diversity term in the server generator's loss.
   diversity_weight: float = 1.0
+  # True: every round replays the first round's random draws (training data
+  # order and flips, the clients' and the server's noise), and every client
+  # draws what the others draw, as the published code does: it reseeds its
+  # generators with the run's seed at the start of each client's training
+  # and of the server's distillation, every round. False (the default):
+  # fresh draws each round and per client (`training_tf.draw_key`).
+  replay_draws: bool = False
 
   @property
   def image_size(self) -> int:

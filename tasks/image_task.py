@@ -67,19 +67,25 @@ class FederatedImageTask:
     return len(self.clients)
 
   def train_datasets(self, round_num: int, batch_size: int,
-                     image_size: int = 32) -> 'ClientDatasets':
+                     image_size: int = 32,
+                     replay: bool = False) -> 'ClientDatasets':
     """Per client: shuffled, randomly flipped training batches for a round.
 
     Each pass over a dataset (one local epoch) reshuffles and redraws flips
-    and noise. A client's pipeline is built when it is first indexed: with
+    and noise. `replay` (FedCGConfig.replay_draws): every round's and every
+    client's draws are round 0's of client 0, as the published code's
+    loaders give after it reseeds them. A client's pipeline is built when it is first indexed: with
     client sampling only the round's clients are (building all 100 of a
     100-client FMNIST task took 2.5 s a round, more than training 10).
     """
+    def seed(i):
+      r, c = (0, 0) if replay else (round_num, i)
+      return (self.seed * 1_000_003 + r) * 1_009 + c
+
     return ClientDatasets(
         len(self.clients),
         lambda i: self._pipeline(
-            i, self.clients[i].train, image_size, batch_size,
-            seed=(self.seed * 1_000_003 + round_num) * 1_009 + i))
+            i, self.clients[i].train, image_size, batch_size, seed=seed(i)))
 
   def val_datasets(self, image_size: int = 32) -> list[tf.data.Dataset]:
     return [self._pipeline(i, c.val, image_size) for i, c in

@@ -433,6 +433,11 @@ def test_server_data_indices_cover_the_data_and_follow_the_round():
       a, baselines_tf.server_data_indices(config, 0, 20).numpy())
   assert not np.array_equal(
       a, baselines_tf.server_data_indices(config, 1, 20).numpy())
+  # Under replay_draws (the published code's reseeding) every round is
+  # round 0's.
+  replay = dataclasses.replace(config, replay_draws=True)
+  np.testing.assert_array_equal(
+      a, baselines_tf.server_data_indices(replay, 1, 20).numpy())
 
 
 def test_fedgen_generator_training_lowers_ensemble_ce():

@@ -256,6 +256,11 @@ def test_distillation_inputs_seeded_by_round():
   assert y0.dtype == tf.int32
   np.testing.assert_array_equal(z0.numpy(), z0b.numpy())
   assert not np.allclose(z0.numpy(), z1.numpy())
+  # Under replay_draws (the published code's reseeding) every round is
+  # round 0's.
+  replay = dataclasses.replace(TINY, replay_draws=True)
+  np.testing.assert_array_equal(
+      fedcg_tf.distillation_inputs(replay, 1)[0].numpy(), z0.numpy())
   big = dataclasses.replace(TINY, server_steps_per_epoch=500)
   _, labels = fedcg_tf.distillation_inputs(big, 0)
   assert set(np.unique(labels.numpy())) == set(range(10))
@@ -294,6 +299,31 @@ def test_client_update_changes_state_and_keeps_seed():
     np.testing.assert_array_equal(a.numpy(), b.numpy())
   assert not np.allclose(out.upload.classifier[0].numpy(),
                          server.classifier[0].numpy())
+
+
+@pytest.mark.parametrize('distance,rounds,replay', [
+    ('none', (2, 5), True),  # Stage 2's noise: other seed, other round.
+    ('mse', (3, 3), True),  # Stage 1's noise too (the same gamma).
+    ('none', (2, 5), False),  # Fresh draws: the two rounds differ.
+])
+def test_replay_draws_gives_every_client_and_round_the_same_noise(
+    distance, rounds, replay):
+  # Clients with seeds 11 and 12 start from the same networks (shared init)
+  # on the same data. Under replay_draws their noise is the run's, round
+  # 0's: they compute the same G. With fresh draws they do not.
+  config = dataclasses.replace(TINY, distance=distance, replay_draws=replay)
+  server = fedcg_tf.initial_server_state(config, ())
+  generators = []
+  for seed, round_num in zip((11, 12), rounds):
+    z, y = fedcg_tf.distillation_inputs(TINY, 0)
+    message = fedcg_tf.ServerMessage(server.generator, server.classifier,
+                                     tf.constant(round_num), z, y)
+    out = fedcg_tf.client_update(
+        fedcg_tf.PartyNetworks(config), message,
+        fedcg_tf.initial_client_state(config, seed), _dataset(16))
+    generators.append([w.numpy() for w in out.upload.generator])
+  same = all(np.array_equal(a, b) for a, b in zip(*generators))
+  assert same == replay
 
 
 def test_server_update_advances_round():

@@ -61,6 +61,13 @@ def test_train_pipeline_shuffles_flips_and_is_seeded():
   np.testing.assert_array_equal(np.concatenate([b[0] for b in same]), images)
   other = _epoch(task.train_datasets(1, 8)[0])
   assert not np.array_equal(np.concatenate([b[1] for b in other]), labels1)
+  # Under replay (FedCGConfig.replay_draws) every round and client draws
+  # round 0's order and flips of client 0.
+  two = _task(x, y, clients=2)
+  for round_num, client in ((3, 0), (3, 1)):
+    replayed = _epoch(two.train_datasets(round_num, 8, replay=True)[client])
+    np.testing.assert_array_equal(
+        np.concatenate([b[0] for b in replayed]), images)
 
 
 def test_flips_are_independent_of_order_and_index():

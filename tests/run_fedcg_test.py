@@ -102,6 +102,27 @@ def test_dp_fedcg_flags_give_its_aggregator_and_epsilon():
     assert run_fedcg.dp_definition()['dp_teacher_clip'] == 3.0
 
 
+def test_replay_draws_is_recorded_only_when_set():
+  """A run.json written before --replay_draws existed (a committed one)
+  has the keys the default flags' definition has, so such runs still
+  resume; a replaying run records the flag."""
+  committed = os.path.join(os.path.dirname(__file__), '..', 'results',
+                           'fmnist_paper_protocol', 'fedcg', 'seed_1',
+                           'run.json')
+  with open(committed) as f:
+    older = json.load(f)
+  with flagsaver.flagsaver():
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['run_fedcg', '--output_dir=x'])
+    default = run_fedcg.run_definition(run_fedcg.config_from_flags())
+    assert set(default['config']) == set(older['config'])
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['run_fedcg', '--replay_draws', '--output_dir=x'])
+    config = run_fedcg.config_from_flags()
+    assert config.replay_draws is True
+    assert run_fedcg.run_definition(config)['config']['replay_draws'] is True
+
+
 def test_secure_fedavg_run_records_its_aggregation(tmp_path):
   data = _fake_idx(tmp_path)
   out = tmp_path / 'secure'

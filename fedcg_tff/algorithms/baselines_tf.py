@@ -283,12 +283,13 @@ def client_update(nets: PartyNetworks, baseline: Baseline, message: ServerMessag
     extra_loss = lambda *_: proximal_term(shared_vars, reference)
     extra_weight = config.prox_mu
   elif baseline.server_generator:
+    draw_seed, draw_round = training_tf.draw_key(config, state.seed, round_num)
 
     def extra_loss(features, labels, step):
       """CE(C(G(z, y)), y) on generated features; G is frozen."""
       del features
       batch = tf.shape(labels)[0]
-      key = (state.seed, training_tf.NOISE_STREAM_GENERATED, round_num, step)
+      key = (draw_seed, training_tf.NOISE_STREAM_GENERATED, draw_round, step)
       z = training_tf.noise(*key, [batch, config.noise_dim])
       y = training_tf.uniform_labels(*key, batch, config.num_classes)
       generated = tf.stop_gradient(nets.generator([z, y], training=False))
@@ -331,8 +332,9 @@ def server_data_indices(config: FedCGConfig, round_num, num_images):
   (a fresh permutation per pass when the server data is smaller)."""
   num_images = tf.cast(num_images, tf.int32)
   passes = (config.distill_samples + num_images - 1) // num_images
-  seed = tf.stack([tf.constant(config.seed, tf.int64),
-                   tf.cast(round_num, tf.int64) + (1 << 32)])
+  seed, round_num = training_tf.draw_key(
+      config, tf.constant(config.seed, tf.int64), round_num)
+  seed = tf.stack([seed, tf.cast(round_num, tf.int64) + (1 << 32)])
   keys = tf.random.stateless_uniform(tf.stack([passes, num_images]), seed)
   order = tf.reshape(tf.argsort(keys, axis=1), [-1])
   return order[:config.distill_samples]
@@ -388,7 +390,8 @@ def train_generator(nets: PartyNetworks, optimizer_state, classifiers, weights,
       training_tf.server_optimizer(config), nets, variables)
   carry = optimizer.begin(optimizer_state)
   bs = config.batch_size
-  seed = tf.constant(config.seed, tf.int64)
+  seed, round_num = training_tf.draw_key(
+      config, tf.constant(config.seed, tf.int64), round_num)
   ces = tf.TensorArray(tf.float32, size=config.distill_steps)
   diversity_sum = tf.constant(0.0)
   for step in tf.range(config.distill_steps):

@@ -294,6 +294,8 @@ def client_update(nets: PartyNetworks, message: ServerMessage, state: ClientStat
   model_weights.assign(nets.extractor, state.extractor)
   model_weights.assign(nets.discriminator, state.discriminator)
   gamma = gamma_ramp(message.round_num, config.gamma_ramp_rounds)
+  draw_seed, draw_round = training_tf.draw_key(config, state.seed,
+                                               message.round_num)
   stamps = training_tf.Stamps(timed)
 
   num_examples = training_tf.count_examples(dataset)
@@ -302,12 +304,12 @@ def client_update(nets: PartyNetworks, message: ServerMessage, state: ClientStat
   with tf.control_dependencies([num_examples]):
     with tf.control_dependencies(stamps.after(num_examples)):
       cls_opt, cls_loss, dist_loss = train_classification(
-          nets, state.classification_optimizer, dataset, gamma, state.seed,
-          message.round_num)
+          nets, state.classification_optimizer, dataset, gamma, draw_seed,
+          draw_round)
   with tf.control_dependencies(stamps.after((cls_opt, cls_loss, dist_loss))):
     d_opt, g_opt, d_loss, g_loss = train_gan(
         nets, state.discriminator_optimizer, state.generator_optimizer,
-        dataset, state.seed, message.round_num)
+        dataset, draw_seed, draw_round)
   with tf.control_dependencies(stamps.after((d_opt, g_opt, d_loss, g_loss))):
     teacher = generated_logits(nets.generator, nets.classifier,
                                message.distill_noise, message.distill_labels)
@@ -365,8 +367,9 @@ def upload_example(config: FedCGConfig) -> ClientUpload:
 
 def distillation_inputs(config: FedCGConfig, round_num):
   """The server's (z, y) for one round's distillation, keyed by round."""
-  seed = tf.stack([tf.constant(config.seed, tf.int64),
-                   tf.cast(round_num, tf.int64)])
+  seed = tf.stack(
+      [tf.cast(k, tf.int64) for k in training_tf.draw_key(
+          config, tf.constant(config.seed, tf.int64), round_num)])
   noise = tf.random.stateless_normal(
       [config.distill_samples, config.noise_dim], seed)
   labels = tf.random.stateless_uniform(

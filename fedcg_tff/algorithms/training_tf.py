@@ -377,6 +377,16 @@ NOISE_STREAM_GENERATED = 3  # FedGen client: (z, y) for CE(C(G(z, y)), y).
 
 
 @graph_code.plain
+def draw_key(config, seed, round_num):
+  """The (seed, round) that key a party's random draws in a round: its own
+  seed and the round, or under `config.replay_draws` the run's seed and
+  round 0 for every party and round (the published code's reseeding; see
+  FedCGConfig.replay_draws)."""
+  if config.replay_draws:
+    return tf.constant(config.seed, tf.int64), tf.constant(0, tf.int64)
+  return seed, round_num
+
+
 def noise(seed, stream, round_num, step, shape):
   """Stateless N(0, 1) noise keyed by (client seed, stream, round, step)."""
   return tf.random.stateless_normal(
