@@ -72,7 +72,9 @@ class FedCGConfig:
   # draws what the others draw, as the published code does: it reseeds its
   # generators with the run's seed at the start of each client's training
   # and of the server's distillation, every round. False (the default):
-  # fresh draws each round and per client (`training_tf.draw_key`).
+  # fresh draws each round and per client (`training_tf.draw_key`). Client
+  # sampling and DP noise stay fresh either way (the original has neither;
+  # the DP accounting assumes independent noise each round).
   replay_draws: bool = False
 
   @property

@@ -6,7 +6,9 @@ each pipeline converts, resizes to the network's input size, normalises,
 adds the client's Gaussian input noise if the task has any, and (training
 only) flips at random. Each round asks for fresh training datasets whose
 shuffling, flips and noise are seeded by (task seed, round, client), so a run
-is reproducible and every round sees a different order, flips and noise.
+is reproducible and every round sees a different order, flips and noise
+(under FedCGConfig.replay_draws, round 0's of client 0 in every round and
+for every client, as the published code's reseeded loaders give).
 Each pass over a training dataset (each new iterator) redraws them: the
 passes must be made in a fixed order (fedcg_tff/algorithms/training_tf.py,
 PASS_ORDER_NOTE). tf.data combines these op seeds with TF's global seed:
@@ -72,9 +74,10 @@ class FederatedImageTask:
     """Per client: shuffled, randomly flipped training batches for a round.
 
     Each pass over a dataset (one local epoch) reshuffles and redraws flips
-    and noise. `replay` (FedCGConfig.replay_draws): every round's and every
-    client's draws are round 0's of client 0, as the published code's
-    loaders give after it reseeds them. A client's pipeline is built when it is first indexed: with
+    and noise. `replay` (FedCGConfig.replay_draws): every round's and
+    every client's draws are round 0's of client 0 (input noise still at
+    each client's own std), as the published code's loaders give after
+    it reseeds them. A client's pipeline is built when it is first indexed: with
     client sampling only the round's clients are (building all 100 of a
     100-client FMNIST task took 2.5 s a round, more than training 10).
     """
@@ -85,7 +88,8 @@ class FederatedImageTask:
     return ClientDatasets(
         len(self.clients),
         lambda i: self._pipeline(
-            i, self.clients[i].train, image_size, batch_size, seed=seed(i)))
+            i, self.clients[i].train, image_size, batch_size, seed=seed(i),
+            noise_key=0 if replay else i))
 
   def val_datasets(self, image_size: int = 32) -> list[tf.data.Dataset]:
     return [self._pipeline(i, c.val, image_size) for i, c in
@@ -119,7 +123,11 @@ class FederatedImageTask:
       lines.append(f'  server: {len(self.server_images)} unlabeled images')
     return '\n'.join(lines)
 
-  def _pipeline(self, client, arrays, image_size, batch_size=None, seed=None):
+  def _pipeline(self, client, arrays, image_size, batch_size=None, seed=None,
+                noise_key=None):
+    """`noise_key` keys the input noise with the draws (default: the
+    client's index)."""
+    noise_key = client if noise_key is None else noise_key
     images, labels = arrays
     mean, std, noise_std = self.mean, self.std, float(self.noise_stds[client])
     if seed is None:  # Evaluation: fixed order, fixed noise per example.
@@ -159,7 +167,8 @@ class FederatedImageTask:
         image = _prepare(image, image_size, mean, std)
       if noise_std:
         image += noise_std * tf.random.stateless_normal(
-            tf.shape(image), tf.stack([draw, tf.constant(client, tf.int64)]))
+            tf.shape(image), tf.stack([draw, tf.constant(noise_key,
+                                                         tf.int64)]))
       if flip:
         image = tf.cond(tf.equal(tf.math.floormod(draw, 2), 1),
                         lambda: tf.reverse(image, axis=[1]), lambda: image)

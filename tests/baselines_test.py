@@ -440,6 +440,39 @@ def test_server_data_indices_cover_the_data_and_follow_the_round():
       a, baselines_tf.server_data_indices(replay, 1, 20).numpy())
 
 
+@pytest.mark.parametrize('replay', [True, False])
+def test_fedgen_replay_draws_repeat_the_clients_and_servers_noise(replay):
+  """Under replay_draws (the published code's reseeding) FedGen's clients
+  draw the same (z, y) whatever their seed and round, and its server the
+  same in every round; with fresh draws they differ."""
+  config = dataclasses.replace(TINY, lr=1e-12, weight_decay=0.0,
+                               replay_draws=replay)
+  baseline = baselines_tf.BASELINES['fedgen']
+  nets = baselines_tf.PartyNetworks(config, baseline.client_networks)
+  generator = model_weights.sample_initial(nets.generator,
+                                           tf.constant(99, tf.int64))
+  extra = []
+  for seed, round_num in ((4, 2), (5, 6)):
+    state = baselines_tf.initial_client_state(config, seed)
+    message = baselines_tf.ServerMessage(
+        shared={'classifier': state.classifier}, generator=generator,
+        round_num=tf.constant(round_num))
+    out = baselines_tf.client_update(nets, baseline, message, state,
+                                     _client_data(16, 1))
+    extra.append(float(out.metrics.extra_loss))
+  assert (extra[0] == extra[1]) == replay, extra
+  classifiers = _stack([nets.classifier.get_weights()] * 2)
+  optimizer_state = training_tf.initial_optimizer_state(
+      training_tf.server_optimizer(config), nets.generator.trainable_variables)
+  ces = []
+  for round_num in (0, 3):
+    model_weights.assign(nets.generator, generator)
+    ces.append(tf.function(lambda r=round_num: baselines_tf.train_generator(
+        nets, optimizer_state, classifiers, tf.constant([1.0, 1.0]),
+        tf.constant(r)))()[1].numpy())
+  assert np.array_equal(*ces) == replay
+
+
 def test_fedgen_generator_training_lowers_ensemble_ce():
   config = dataclasses.replace(TINY, batch_size=16, lr=3e-3,
                                server_steps_per_epoch=80)

@@ -68,6 +68,13 @@ def test_train_pipeline_shuffles_flips_and_is_seeded():
     replayed = _epoch(two.train_datasets(round_num, 8, replay=True)[client])
     np.testing.assert_array_equal(
         np.concatenate([b[0] for b in replayed]), images)
+  # Input noise too (at each client's std; equal stds here).
+  noisy = _task(x, y, clients=2, noise_stds=(0.5, 0.5))
+  batches = lambda replay: [
+      np.concatenate([b[0] for b in _epoch(
+          noisy.train_datasets(3, 8, replay=replay)[c])]) for c in (0, 1)]
+  np.testing.assert_array_equal(*batches(True))
+  assert not np.array_equal(*batches(False))
 
 
 def test_flips_are_independent_of_order_and_index():

@@ -392,10 +392,12 @@ def train_generator(nets: PartyNetworks, optimizer_state, classifiers, weights,
   bs = config.batch_size
   seed, round_num = training_tf.draw_key(
       config, tf.constant(config.seed, tf.int64), round_num)
+  stream = (training_tf.NOISE_STREAM_FEDGEN_SERVER if config.replay_draws
+            else training_tf.NOISE_STREAM_GENERATED)
   ces = tf.TensorArray(tf.float32, size=config.distill_steps)
   diversity_sum = tf.constant(0.0)
   for step in tf.range(config.distill_steps):
-    key = (seed, training_tf.NOISE_STREAM_GENERATED, round_num, step)
+    key = (seed, stream, round_num, step)
     y = training_tf.uniform_labels(*key, bs, config.num_classes)
     z = training_tf.noise(*key, [2 * bs, config.noise_dim])
     with tf.GradientTape() as tape:

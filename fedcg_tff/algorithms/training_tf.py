@@ -374,6 +374,9 @@ class Stamps:
 NOISE_STREAM_CLS = 1  # FedCG stage 1: z for G(z, y).
 NOISE_STREAM_GAN = 2  # FedCG stage 2.
 NOISE_STREAM_GENERATED = 3  # FedGen client: (z, y) for CE(C(G(z, y)), y).
+# FedGen's server under replay_draws, where it and the clients share one key
+# (otherwise it draws from NOISE_STREAM_GENERATED with the run's seed).
+NOISE_STREAM_FEDGEN_SERVER = 4
 
 
 @graph_code.plain
@@ -387,6 +390,7 @@ def draw_key(config, seed, round_num):
   return seed, round_num
 
 
+@graph_code.plain
 def noise(seed, stream, round_num, step, shape):
   """Stateless N(0, 1) noise keyed by (client seed, stream, round, step)."""
   return tf.random.stateless_normal(
