@@ -77,9 +77,10 @@ class FederatedImageTask:
     and noise. `replay` (FedCGConfig.replay_draws): every round's and
     every client's draws are round 0's of client 0 (input noise still at
     each client's own std), as the published code's loaders give after
-    it reseeds them. A client's pipeline is built when it is first indexed: with
-    client sampling only the round's clients are (building all 100 of a
-    100-client FMNIST task took 2.5 s a round, more than training 10).
+    it reseeds them. A client's pipeline is built when it is first
+    indexed: with client sampling only the round's clients are (building
+    all 100 of a 100-client FMNIST task took 2.5 s a round, more than
+    training 10).
     """
     def seed(i):
       r, c = (0, 0) if replay else (round_num, i)
