@@ -17,6 +17,7 @@ import pytest
 
 from binaries import run_fedcg
 from fedcg_tff.execution import devices
+from tasks import image_task
 from tests import binary_runs
 from tests import event_logs
 from tests import fake_data
@@ -324,6 +325,35 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
   assert ('--rounds: round 9 needs the state after round 8' in stops[1]
           and 'rounds [3, 4]' in stops[1]), stops[1]
   assert not (tmp_path / 'x').exists()
+
+
+def test_replay_draws_reach_the_run_and_the_attack(data_dir, tmp_path,
+                                                  monkeypatch):
+  """--replay_draws reaches the datasets run_fedcg trains on, and
+  run_inversion_attack recomputes a replaying run's round on the same
+  draws: its replay check would fail on that round's own data."""
+  asked = []
+  datasets = image_task.FederatedImageTask.train_datasets
+
+  def recorded(task, round_num, *args):
+    asked.append((round_num, args[-1]))
+    return datasets(task, round_num, *args)
+
+  monkeypatch.setattr(image_task.FederatedImageTask, 'train_datasets',
+                      recorded)
+  run = tmp_path / 'replaying'
+  assert _main([f'--output_dir={run}', f'--data_dir={data_dir}',
+                *_TINY_RUN, '--rounds=2', '--replay_draws']) is None
+  assert asked == [(0, True), (1, True)]
+  stops, done = binary_runs.main_calls('run_inversion_attack', [[
+      f'--run_dir={run}', '--rounds=2', '--num_images=1', '--iterations=1',
+      '--latent_iterations=1', '--latent_restarts=1', '--shadow_epochs=1',
+      '--aux_size=24', f'--output_dir={tmp_path / "inversion"}']])
+  assert stops == [None], (stops, done.stderr[-3000:])
+  summary = json.loads((tmp_path / 'inversion' / 'inversion.json')
+                       .read_text())
+  check = summary['replay_check']['2']
+  assert check['replay_to_saved'] < 0.05 * check['round_change'], check
 
 
 _WITHOUT_TF = """
