@@ -46,6 +46,39 @@ def test_inversion_recovers_images_through_a_known_invertible_extractor():
   assert np.all(dlg_tf.psnr(to01(images), to01(start.images)) < 15)
 
 
+def test_inversion_keeps_each_channel_in_its_own_range():
+  """Colour tasks' normalised ranges differ per channel (input_range): each
+  channel's values start and stay within its own bounds."""
+  extractor = tf.keras.Sequential([
+      tf.keras.Input((8, 8, 3)),
+      tf.keras.layers.Conv2D(4, 3, kernel_initializer=tf.keras.initializers
+                             .GlorotUniform(seed=1))])
+  targets = extractor(np.full((2, 8, 8, 3), 10.0, np.float32)).numpy()
+  low, high = dlg_tf.input_range((0.2, 0.5, 0.8), (0.1, 0.3, 0.2))
+  for iterations in (1, 20):  # The start, and where the optimiser went.
+    images = inv.invert_features(
+        extractor, targets, (8, 8, 3), (low, high),
+        inv.InversionOptions(iterations=iterations, tv_weight=0.0,
+                             seed=0)).images
+    per_channel = images.reshape(-1, 3)
+    assert np.all(per_channel >= low - 1e-6), per_channel.min(0)
+    assert np.all(per_channel <= high + 1e-6), per_channel.max(0)
+  # Pulled towards 10, above every high: channels sit at their own bound.
+  np.testing.assert_allclose(per_channel.max(0), high, rtol=1e-5)
+
+
+def test_inversion_refuses_non_finite_targets():
+  """A NaN target (a generator whose noised batch-norm variance went
+  negative) gives no reconstruction: the optimiser would return its start."""
+  extractor = tf.keras.Sequential([tf.keras.Input((8, 8, 1)),
+                                   tf.keras.layers.Conv2D(2, 3)])
+  targets = np.zeros((2, 6, 6, 2), np.float32)
+  targets[1, 0, 0, 1] = np.nan
+  with pytest.raises(ValueError, match='1 of the 144 target values'):
+    inv.invert_features(extractor, targets, (8, 8, 1), (-1.0, 1.0),
+                        inv.InversionOptions(iterations=1, seed=0))
+
+
 def test_total_variation_is_zero_on_flat_images_and_grows_with_edges():
   flat = np.zeros((1, 8, 8, 1), np.float32)
   edge = flat.copy()

@@ -441,6 +441,15 @@ def input_range(mean: Sequence[float], std: Sequence[float]
   return (0.0 - mean) / std, (1.0 - mean) / std
 
 
+def pixel_bounds(value_range: tuple[Sequence[float], Sequence[float]],
+                 shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+  """Flat lows and highs, one per value of images of `shape` (channels
+  last), from `value_range`'s per-channel (or single) lows and highs: the
+  box an optimiser over flattened images keeps each value in."""
+  return tuple(np.broadcast_to(np.asarray(v, np.float64), shape).ravel()
+               for v in value_range)
+
+
 def dlg_attack(config: FedCGConfig, observation: Observation,
                options: AttackOptions,
                value_range: tuple[Sequence[float], Sequence[float]],
@@ -472,9 +481,7 @@ def dlg_attack(config: FedCGConfig, observation: Observation,
   labels = infer_labels(observation) if mode == 'infer' else None
   matcher = _matcher(config, threat, observation.batch_size, labels is None)
   matcher.load(observation, extractor_weights, labels)
-  low, high = (np.broadcast_to(np.asarray(v, np.float64),
-                                matcher.image_shape).ravel()
-               for v in value_range)
+  low, high = pixel_bounds(value_range, matcher.image_shape)
   best = None
   losses = []
   for restart in range(options.restarts):

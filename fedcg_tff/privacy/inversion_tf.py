@@ -90,16 +90,23 @@ class Inversion:
 
 
 def invert_features(extractor: tf.keras.Model, targets, image_shape,
-                    value_range: tuple[float, float],
-                    options: InversionOptions) -> Inversion:
+                    value_range, options: InversionOptions) -> Inversion:
   """Images x minimising feature_mismatch(E(x), target) + tv_weight *
   TV(x), one per target, from a seeded uniform start within `value_range`
-  (the normalised images' bounds); E in inference mode."""
+  (the normalised images' bounds: per-channel lows and highs, as
+  dlg_tf.input_range gives, or one low and high); E in inference mode."""
   started = time.monotonic()
-  targets = tf.constant(np.asarray(targets, np.float32))
+  targets = np.asarray(targets, np.float32)
+  if not np.all(np.isfinite(targets)):
+    # L-BFGS would stop at its start and report that as a reconstruction.
+    raise ValueError(
+        f'invert_features: {np.sum(~np.isfinite(targets))} of the '
+        f'{targets.size} target values are NaN or infinite (a network with '
+        'non-finite weights, or a batch-norm variance below 0?)')
+  targets = tf.constant(targets)
   count = int(targets.shape[0])
   shape = (count, *image_shape)
-  low, high = value_range
+  low, high = dlg_tf.pixel_bounds(value_range, shape)
 
   @tf.function
   def value_and_gradient(flat):
@@ -111,10 +118,9 @@ def invert_features(extractor: tf.keras.Model, targets, image_shape,
           options.tv_weight * total_variation(images))
     return loss, tape.gradient(loss, flat)
 
-  start = np.random.default_rng(options.seed).uniform(
-      low, high, size=int(np.prod(shape)))
+  start = np.random.default_rng(options.seed).uniform(low, high)
   flat, _ = _lbfgs(value_and_gradient, start, options.iterations,
-                   [(low, high)] * start.size)
+                   list(zip(low, high)))
   images = flat.reshape(shape)
   mismatch = feature_mismatch(extractor(images, training=False),
                               targets).numpy()
