@@ -7,7 +7,8 @@ r"""Model inversion through FedCG's shared generator, after round R of a run.
 The attacker is the honest-but-curious server after round R of the
 `run_fedcg` run in --run_dir. It holds what FedCG sends it: client
 --client's upload of round R (G_i, C_i, teacher logits; DP-FedCG: their
-noised updates, as the run's DP flags noise them). The upload is
+noised updates, as the run's DP flags noise them, batch-norm variances
+clamped at 0 as the server clamps them). The upload is
 recomputed exactly as the run made it: the run's state before round R (its
 checkpoint of round R - 1, or the fresh state for R = 1) and the client's
 round-R data through the algorithm's own client step; when the checkpoint
@@ -18,11 +19,13 @@ Rows, on --num_images of the client's training images
 (`fedcg_tff/privacy/inversion_tf.py` explains each):
   extractor: the true E_i (upper bound), or a shadow extractor the attacker
     trains with the client's G_i and C_i frozen on (own) the client's own
-    training images, (disjoint) FMNIST training images no client has,
-    (shifted) those images under --shift;
-  target: E_i(x) (upper bound), G_i(z*, y) with z* fitted to E_i(x), or a
-    plain G_i(z, y) (scored also against the class's mean image and the
-    nearest client image of the class).
+    training images (an oracle: they include the attacked images),
+    (disjoint) the task's training images no client has, (shifted) those
+    images under --shift;
+  target: E_i(x) (upper bound), G_i(z*, y) with z* fitted to E_i(x) (an
+    upper bound too: fitting z* needs E_i(x)), or a plain G_i(z, y), y the
+    image's class (what the server can do; scored also against the class's
+    mean image and the nearest client image of the class).
 With --fedavg_run_dir, FedAvg's rows for scale: its client uploads E_i, so
 the attacker inverts E_i(x) through the very extractor that made it.
 
@@ -77,8 +80,8 @@ flags.mark_flags_as_required(['run_dir', 'output_dir'])
 FLAGS = flags.FLAGS
 
 TARGETS = {'features': 'E_i(x) (upper bound)',
-           'fitted': 'G_i(z*, y), z* fitted to E_i(x)',
-           'sampled': 'G_i(z, y)'}
+           'fitted': 'G_i(z*, y), z* fitted to E_i(x) (upper bound)',
+           'sampled': 'G_i(z, y), y the image\'s class'}
 
 
 def _read_run(path: str, algorithm: str) -> dict:
@@ -221,6 +224,8 @@ def main(argv):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import dlg_tf  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.algorithms import training_tf  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.models import model_weights  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import inversion_tf as inv  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
@@ -257,8 +262,10 @@ def main(argv):
                      task.server_labels)}
   extractor_labels = {
       'true': 'true E_i (upper bound)',
-      'own': 'shadow, trained on the client\'s own images',
-      'disjoint': f'shadow, trained on {FLAGS.aux_size} other FMNIST images',
+      'own': ('shadow, trained on the client\'s own images (an oracle: '
+              'they include the attacked ones)'),
+      'disjoint': (f'shadow, trained on {FLAGS.aux_size} other {task.name} '
+                   'images'),
       'shifted': f'shadow, trained on those images, {FLAGS.shift}d'}
   options = inv.InversionOptions(
       iterations=FLAGS.iterations, tv_weight=FLAGS.tv_weight,
@@ -302,18 +309,21 @@ def main(argv):
             if fedavg_run is not None else None)
   fedavg_uploads = {r: fedavg.client_round(r, FLAGS.client)[2].upload
                     for r in rounds} if fedavg else {}
+  templates = training_tf.InitialNetworks(config, ('generator', 'classifier'))
   for r in rounds:
     server, before, output = replayed[r]
     upload = output.upload
     generator_w, classifier_w = upload.generator, upload.classifier
     if replay.dp:
-      # What the server sees: G_g + the noised update (and C likewise).
+      # What the server sees: G_g + the noised update (and C likewise),
+      # batch-norm variances kept valid as the server keeps them.
       tf.random.set_seed(FLAGS.seed * 100_003 + r)
       sigma, clip = replay.dp['dp_sigma'], replay.dp['dp_clip']
-      noised = lambda update, base: [w + u for w, u in zip(
-          base, dp.gaussian_mechanism(tuple(update), sigma, clip))]
-      generator_w = noised(generator_w, server.generator)
-      classifier_w = noised(classifier_w, server.classifier)
+      noised = lambda name, update, base: model_weights.with_valid_variances(
+          templates.model(name), model_weights.apply_update(
+              base, dp.gaussian_mechanism(tuple(update), sigma, clip)))
+      generator_w = noised('generator', generator_w, server.generator)
+      classifier_w = noised('classifier', classifier_w, server.classifier)
     true_e = output.state.extractor
     saved = replay.saved_extractor(r, FLAGS.client)
     if saved is not None:

@@ -531,3 +531,26 @@ def test_unknown_algorithm_and_missing_server_data():
 
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
+
+
+def test_update_baselines_keep_noised_batch_norm_variances_valid():
+  """With DP, fedavg's server adds a noised mean update: a moving variance
+  pushed below 0 (NaN at inference) is clamped to 0, every other weight
+  keeps the update. ResNet-18's extractor has batch norm (LeNet's none)."""
+  config = dataclasses.replace(built.TINY, model='resnet18')
+  baseline = dataclasses.replace(baselines_tf.BASELINES['fedavg'],
+                                 upload_update=True)
+  nets = baselines_tf.PartyNetworks(config, baseline.server_networks)
+  state = baselines_tf.initial_server_state(config, baseline, ())
+  down = {name: tuple(tf.fill(tf.shape(w), -2.0) for w in weights)
+          for name, weights in state.shared.items()}
+  new_state, _ = baselines_tf.server_update(nets, baseline, state, (), down)
+  names = [w.name for w in nets.extractor.weights]
+  assert sum('moving_variance' in n for n in names) >= 10
+  for name in baseline.shared:
+    for weight, old, new in zip(nets.model(name).weights,
+                                state.shared[name], new_state.shared[name]):
+      want = (np.zeros_like(old) if 'moving_variance' in weight.name
+              else old.numpy() - 2.0)
+      np.testing.assert_allclose(new.numpy(), want, atol=1e-6,
+                                 err_msg=weight.name)

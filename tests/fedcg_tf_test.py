@@ -405,3 +405,45 @@ def test_client_starts_its_round_from_the_broadcast_g_and_c():
 
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
+
+
+def _moving_variances(model: tf.keras.Model) -> list[bool]:
+  """Per weight of `model` (as `model_weights.values` orders them): is it a
+  batch-norm moving variance? (By name, not as the library finds them.)"""
+  return ['moving_variance' in w.name for w in model.weights]
+
+
+def test_server_update_keeps_noised_batch_norm_variances_valid():
+  """DP noise in the mean update can push a moving variance below 0, and
+  inference then divides by the square root of a negative number (NaN):
+  the server clamps every moving variance at 0 and nothing else, then
+  distils as from any aggregate."""
+  config = dataclasses.replace(TINY, server_steps_per_epoch=1)
+  state = fedcg_tf.initial_server_state(config, ())
+  z, y = fedcg_tf.distillation_inputs(config, 0)
+  teacher = tf.random.stateless_normal([config.distill_samples, 10], [1, 2])
+  # An update of -2 everywhere: every moving variance (1 at the start)
+  # would be -1, every moving mean -2, every gamma -1.
+  down = lambda weights: tuple(tf.fill(tf.shape(w), -2.0) for w in weights)
+  update = fedcg_tf.ClientUpload(down(state.generator),
+                                 down(state.classifier), teacher)
+  new, _ = fedcg_tf.server_update(fedcg_tf.PartyNetworks(config), state, (),
+                                  update, z, y, upload_updates=True)
+  # The oracle: old + update, variances (found by name) set to 0, distilled.
+  nets = fedcg_tf.PartyNetworks(config, fedcg_tf.SERVER_NETWORKS)
+  for name in ('generator', 'classifier'):
+    is_variance = _moving_variances(nets.model(name))
+    # The check looks at something: G has batch norm (C has none).
+    assert any(is_variance) == (name == 'generator'), name
+    model_weights.assign(nets.model(name), [
+        tf.zeros_like(w) if variance else w - 2.0
+        for w, variance in zip(getattr(state, name), is_variance)])
+  tf.function(lambda: fedcg_tf.distill(nets, state.optimizer_state, z, y,
+                                       teacher))()
+  for name in ('generator', 'classifier'):
+    for got, want in zip(getattr(new, name),
+                         model_weights.values(nets.model(name))):
+      np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5,
+                                 atol=1e-5, err_msg=name)
+  model_weights.assign(nets.generator, new.generator)
+  assert np.all(np.isfinite(nets.generator([z, y], training=False).numpy()))

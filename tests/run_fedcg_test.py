@@ -332,7 +332,10 @@ def test_replay_draws_reach_the_run_and_the_attack(data_dir, tmp_path,
   """--replay_draws reaches the datasets run_fedcg trains on, and
   run_inversion_attack recomputes a replaying run's round on the same
   draws: its replay check would fail on the attacked client's own data
-  (client 1's: client 0's first round is the same with or without)."""
+  (client 1's: client 0's first round is the same with or without).
+  The run is DP-FedCG with noise far above G's moving variances: the
+  attack's noised G keeps them valid as the server does (otherwise its
+  features are NaN and the inversion refuses them)."""
   asked = []
   datasets = image_task.FederatedImageTask.train_datasets
 
@@ -344,7 +347,8 @@ def test_replay_draws_reach_the_run_and_the_attack(data_dir, tmp_path,
                       recorded)
   run = tmp_path / 'replaying'
   assert _main([f'--output_dir={run}', f'--data_dir={data_dir}',
-                *_TINY_RUN, '--rounds=1', '--replay_draws']) is None
+                *_TINY_RUN, '--rounds=1', '--replay_draws',
+                '--dp_sigma=10']) is None
   assert asked == [(0, True)]
   stops, done = binary_runs.main_calls('run_inversion_attack', [[
       f'--run_dir={run}', '--rounds=1', '--client=1', '--num_images=1',

@@ -403,14 +403,18 @@ def server_update(nets: PartyNetworks, state: ServerState, aggregator_state,
   """Weighted-average (G, C) from the aggregator, then distil the ensemble.
   `timed` stamps the distillation (`ServerMetrics.times`);
   `upload_updates`: `averaged` holds the mean update of G and C, added to
-  the server's (which it broadcast this round)."""
+  the server's (which it broadcast this round; batch-norm variances kept
+  valid under DP's noise)."""
   if upload_updates:
     averaged = attrs.evolve(
         averaged,
-        generator=model_weights.apply_update(state.generator,
-                                             averaged.generator),
-        classifier=model_weights.apply_update(state.classifier,
-                                              averaged.classifier))
+        generator=model_weights.with_valid_variances(
+            nets.generator,
+            model_weights.apply_update(state.generator, averaged.generator)),
+        classifier=model_weights.with_valid_variances(
+            nets.classifier,
+            model_weights.apply_update(state.classifier,
+                                       averaged.classifier)))
   stamps = training_tf.Stamps(timed)
   assigned = (model_weights.assign(nets.generator, averaged.generator) +
               model_weights.assign(nets.classifier, averaged.classifier))
