@@ -211,6 +211,22 @@ def accuracy_of(name: str, threat: str, sigma: float, path: str) -> dict:
   if not math.isclose(run_sigma, sigma):
     raise app.UsageError(f'--results: {path} was trained with dp_sigma '
                          f'{run_sigma}, row {name} needs {sigma}')
+  # The rest of what makes the run this row's: its clip, task, seed, model
+  # (seed and model from the run.json beside it, when it is there).
+  try:
+    with open(os.path.join(os.path.dirname(path), 'run.json')) as f:
+      definition = json.load(f)
+  except (OSError, ValueError):
+    definition = {}
+  wanted = {'task': (result.get('task'), FLAGS.task),
+            'seed': (definition.get('config', {}).get('seed'), FLAGS.seed),
+            'model': (definition.get('config', {}).get('model'), 'lenet')}
+  if sigma:
+    wanted['dp_clip'] = (result.get('dp', {}).get('dp_clip'), FLAGS.dp_clip)
+  for field, (got, want) in wanted.items():
+    if got is not None and got != want:
+      raise app.UsageError(f'--results: {path} was trained with {field} '
+                           f'{got!r}, row {name} needs {want!r}')
   return {'accuracy': float(result['mean_test_accuracy_at_best_val']),
           'rounds': int(result['rounds_run']),
           'epsilon_training': result.get('dp', {}).get('epsilon'),

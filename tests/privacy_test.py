@@ -294,13 +294,17 @@ def test_dp_mean_factory_clips_and_noises_each_client_then_averages():
 
   # No noise: the uniform mean of the clipped values (weights ignored).
   values = [(np.full(2000, 1.0, np.float32), np.zeros(3, np.float32)),
-            (np.zeros(2000, np.float32), np.full(3, 2.0, np.float32))]
+            (np.full(2000, 0.01, np.float32), np.full(3, 2.0, np.float32))]
   got = mean(0.0, 1e6, values)
-  np.testing.assert_allclose(got[0], 0.5, rtol=1e-6)
+  np.testing.assert_allclose(got[0], 0.505, rtol=1e-6)
   np.testing.assert_allclose(got[1], 1.0, rtol=1e-6)
-  got = mean(0.0, 1.0, values)  # Each client clipped to norm 1 first.
-  assert np.linalg.norm(np.concatenate(got)) == pytest.approx(
-      0.5 * math.sqrt(2), rel=1e-4)
+  # Each client's record clipped to global L2 norm 1 first, both parts
+  # together (clipping each part to 1 on its own gives another mean).
+  got = mean(0.0, 1.0, values)
+  clipped = [np.concatenate(v) / np.linalg.norm(np.concatenate(v))
+             for v in values]
+  np.testing.assert_allclose(np.concatenate(got), np.mean(clipped, axis=0),
+                             rtol=1e-4, atol=1e-6)
   # Noise: each of n clients adds std sigma, so the mean has sigma/sqrt(n)
   # (2000 coordinates: the std is known to ~2%, far from sigma/sqrt(2) or
   # sigma/n).
@@ -435,12 +439,27 @@ def test_binary_names_the_bad_flag(tmp_path):
   shared_run.write_text(json.dumps({
       'algorithm': 'fedcg', 'client_init': 'shared', 'rounds_run': 1,
       'mean_test_accuracy_at_best_val': 0.5}))
+  other_run = tmp_path / 'other' / 'results.json'
+  other_run.parent.mkdir()
+  other_run.write_text(json.dumps({
+      'algorithm': 'fedavg', 'task': 'fmnist', 'rounds_run': 1,
+      'mean_test_accuracy_at_best_val': 0.5,
+      'dp': {'dp_sigma': 0.1, 'dp_clip': 3.0}}))
+  (other_run.parent / 'run.json').write_text(json.dumps(
+      {'config': {'seed': 2, 'model': 'lenet'}, 'run': {}}))
   cases = [
       (['--num_images=3', '--attack_batch_size=2'], '--num_images=3'),
       (['--results=fedsplit=/nonexistent.json'], '--results'),
       # A shared-init FedCG run cannot stand for the private-init row.
       (['--algorithms=fedcg_private', f'--results=fedcg_private={shared_run}'],
        "trained with client_init 'shared', row fedcg_private needs 'private'"),
+      # A run of another clip or seed is not the row's either.
+      (['--algorithms=fedavg_dp', '--dp_sigma=0.1', '--seed=2',
+        f'--results=fedavg_dp0.1={other_run}'],
+       "trained with dp_clip 3.0, row fedavg_dp0.1 needs 10.0"),
+      (['--algorithms=fedavg_dp', '--dp_sigma=0.1', '--dp_clip=3',
+        f'--results=fedavg_dp0.1={other_run}'],
+       "trained with seed 2, row fedavg_dp0.1 needs 1"),
       (['--algorithms=fedavg_dp', '--dp_sigma=0.1,0.1'],
        '--dp_sigma must be distinct numbers'),
       (['--algorithms=fedavg_dp', '--dp_sigma=0.1,-1'],

@@ -30,7 +30,11 @@ Gaussian mechanism with noise multiplier sigma / clip (the `GaussianDpEvent`
 TF Privacy's query itself reports), from dp-accounting's RDP accountant.
 The unit of privacy is one client's whole record (client-level, add/remove
 adjacency, as TFF's DP aggregators account it), with no amplification by
-sampling (every client takes part in every round). With the paper's sigmas
+sampling (every client takes part in every round). As the mean divides by
+the fixed n, removing a client is strictly its record replaced by zeros
+(zero-out adjacency: sensitivity clip). Replacing one client's record by
+another's has sensitivity 2 x clip (half the noise multiplier), which
+`epsilon` does not cover. With the paper's sigmas
 (0.001, 0.1) and any clip that leaves the records intact, the noise
 multiplier is far below 1 and epsilon is enormous: the noise blunts the
 attack but gives no meaningful formal guarantee.
