@@ -27,8 +27,8 @@ FLOPs per example of each network's convolutions and dense layers
 (`layer_flops`), a trained network counted as 3x its forward pass (forward,
 gradient of the input, gradient of the weights) -- an estimate of the useful
 arithmetic; the machine's peak is cores x clock x FLOPs
-per cycle (AVX-512: two FMA units x 16 float32 lanes x 2 = 64; AVX2: 32),
-read from /proc/cpuinfo.
+per cycle (AVX-512: two FMA units x 16 float32 lanes x 2 = 64; AVX2, and
+AMD Zen 4's AVX-512 on 256-bit pipes: 32), read from /proc/cpuinfo.
 """
 
 import json

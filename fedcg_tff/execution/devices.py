@@ -85,11 +85,22 @@ def cpu_processors(cpuinfo: str | None = None) -> list[dict[str, str]]:
   return processors or [{}]
 
 
-def _vector_unit(flags: list[str]) -> tuple[str, int]:
-  """(name, float32 FLOPs per cycle per core) of the widest FMA unit the
-  flags list: two 16-lane FMAs for AVX-512, two 8-lane for AVX2's FMA."""
+# AMD's family 25 (Zen 3, Zen 4): Zen 4 runs AVX-512 on its two 256-bit FMA
+# pipes, a 512-bit instruction in two passes, so its float32 peak per cycle
+# is AVX2's. Family 26 (Zen 5 EPYC) has 512-bit pipes.
+_HALF_WIDTH_AVX512_FAMILIES = {('AuthenticAMD', '25')}
+
+
+def _vector_unit(processor: dict[str, str]) -> tuple[str, int]:
+  """(name, float32 FLOPs per cycle per core) of the widest FMA unit
+  /proc/cpuinfo's `processor` lists: two 16-lane FMAs for AVX-512 (two
+  8-lane on Zen 4, which splits each 512-bit operation), two 8-lane for
+  AVX2's FMA."""
+  flags = processor.get('flags', '').split()
   if 'avx512f' in flags:
-    return 'AVX-512', 64
+    half = (processor.get('vendor_id'), processor.get('cpu family')
+            ) in _HALF_WIDTH_AVX512_FAMILIES
+    return 'AVX-512', 32 if half else 64
   if 'avx2' in flags:
     return 'AVX2', 32 if 'fma' in flags else 16
   return 'no AVX2', 8
@@ -103,7 +114,7 @@ def host_cpu(cpuinfo: str | None = None) -> str:
   both print "AMD EPYC"; a full FedCG round took 785 s on the first and
   132 s on the second). `cpuinfo`: /proc/cpuinfo's text (read if None)."""
   first = cpu_processors(cpuinfo)[0]
-  vector, _ = _vector_unit(first.get('flags', '').split())
+  vector, _ = _vector_unit(first)
   family = first.get('cpu family')
   return (f'{first.get("model name", "unknown CPU")}'
           f' ({f"family {family}, " if family else ""}{vector})')
@@ -116,7 +127,7 @@ def peak_float32_flops(cpuinfo: str | None = None) -> tuple[float, str]:
   file lists no clock)."""
   processors = cpu_processors(cpuinfo)
   mhz = [float(p['cpu MHz']) for p in processors if 'cpu MHz' in p]
-  _, per_cycle = _vector_unit(processors[0].get('flags', '').split())
+  _, per_cycle = _vector_unit(processors[0])
   cores = len(mhz) or os.cpu_count()
   clock = (sum(mhz) / len(mhz) if mhz else 0.0) * 1e6
   return (cores * clock * per_cycle,
