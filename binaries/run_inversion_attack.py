@@ -7,8 +7,9 @@ r"""Model inversion through FedCG's shared generator, after round R of a run.
 The attacker is the honest-but-curious server after round R of the
 `run_fedcg` run in --run_dir. It holds what FedCG sends it: client
 --client's upload of round R (G_i, C_i, teacher logits; DP-FedCG: their
-noised updates, as the run's DP flags noise them, batch-norm variances
-clamped at 0 as the server clamps them). The upload is
+noised updates, as the run's DP flags noise them; the attacker raises
+any batch-norm variance the noise pushed below 0 to 0, as the server does
+to the mean, so that G_i can run). The upload is
 recomputed exactly as the run made it: the run's state before round R (its
 checkpoint of round R - 1, or the fresh state for R = 1) and the client's
 round-R data through the algorithm's own client step; when the checkpoint
@@ -315,8 +316,9 @@ def main(argv):
     upload = output.upload
     generator_w, classifier_w = upload.generator, upload.classifier
     if replay.dp:
-      # What the server sees: G_g + the noised update (and C likewise),
-      # batch-norm variances kept valid as the server keeps them.
+      # What the server sees: G_g + the noised update (and C likewise);
+      # negative batch-norm variances raised to 0 so G_i runs (the server
+      # does the same to the mean of the uploads).
       tf.random.set_seed(FLAGS.seed * 100_003 + r)
       sigma, clip = replay.dp['dp_sigma'], replay.dp['dp_clip']
       noised = lambda name, update, base: model_weights.with_valid_variances(

@@ -161,6 +161,9 @@ def _check_flags() -> dict[str, str]:
     if name in _OWNED:
       raise app.UsageError(f'--train_flags must not set --{name}: this '
                            'binary sets it for each training run')
+    if name == 'model':
+      raise app.UsageError('--train_flags must not set --model: the '
+                           'attack\'s networks are LeNet-5\'s')
   return results
 
 
@@ -211,20 +214,26 @@ def accuracy_of(name: str, threat: str, sigma: float, path: str) -> dict:
   if not math.isclose(run_sigma, sigma):
     raise app.UsageError(f'--results: {path} was trained with dp_sigma '
                          f'{run_sigma}, row {name} needs {sigma}')
-  # The rest of what makes the run this row's: its clip, task, seed, model
-  # (seed and model from the run.json beside it, when it is there).
+  # The rest of what makes the run this row's: its clip, task, data, seed
+  # and model (from the run.json beside it, when it is there; a flag left
+  # to its task's default is not compared).
   try:
     with open(os.path.join(os.path.dirname(path), 'run.json')) as f:
       definition = json.load(f)
   except (OSError, ValueError):
     definition = {}
+  run, config = definition.get('run', {}), definition.get('config', {})
   wanted = {'task': (result.get('task'), FLAGS.task),
-            'seed': (definition.get('config', {}).get('seed'), FLAGS.seed),
-            'model': (definition.get('config', {}).get('model'), 'lenet')}
+            'seed': (config.get('seed'), FLAGS.seed),
+            'model': (config.get('model'), 'lenet'),
+            'num_clients': (run.get('num_clients'), FLAGS.num_clients),
+            'train_per_client': (run.get('train_per_client'),
+                                 FLAGS.train_per_client),
+            'data_source': (run.get('data_source'), FLAGS.data_source)}
   if sigma:
     wanted['dp_clip'] = (result.get('dp', {}).get('dp_clip'), FLAGS.dp_clip)
   for field, (got, want) in wanted.items():
-    if got is not None and got != want:
+    if got is not None and want is not None and got != want:
       raise app.UsageError(f'--results: {path} was trained with {field} '
                            f'{got!r}, row {name} needs {want!r}')
   return {'accuracy': float(result['mean_test_accuracy_at_best_val']),

@@ -529,9 +529,6 @@ def test_unknown_algorithm_and_missing_server_data():
     catalog.build('feddf', TINY, 2)
 
 
-if __name__ == '__main__':
-  raise SystemExit(pytest.main([__file__]))
-
 
 def test_update_baselines_keep_noised_batch_norm_variances_valid():
   """With DP, fedavg's server adds a noised mean update: a moving variance
@@ -554,3 +551,7 @@ def test_update_baselines_keep_noised_batch_norm_variances_valid():
               else old.numpy() - 2.0)
       np.testing.assert_allclose(new.numpy(), want, atol=1e-6,
                                  err_msg=weight.name)
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

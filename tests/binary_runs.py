@@ -19,6 +19,23 @@ import psutil
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def kill_tree(proc: subprocess.Popen) -> None:
+  """Kills `proc` and every process under it: a binary stopped at a test's
+  time limit must not leave its training subprocesses or TFF workers
+  running into the rest of the suite."""
+  try:
+    children = psutil.Process(proc.pid).children(recursive=True)
+  except psutil.Error:
+    children = []
+  proc.kill()
+  for child in children:
+    try:
+      child.kill()
+    except psutil.Error:
+      pass
+  proc.wait()
+
+
 class BinaryRun:
   """A running binary whose output goes to temporary files (no pipe to
   fill up while `wait` polls it)."""
@@ -39,7 +56,7 @@ class BinaryRun:
     deadline = time.time() + timeout
     while self.proc.poll() is None:
       if time.time() > deadline:
-        self.proc.kill()
+        kill_tree(self.proc)
         raise subprocess.TimeoutExpired(self.proc.args, timeout)
       try:
         workers |= {p.pid for p in psutil.Process(
@@ -123,9 +140,15 @@ def main_calls(module: str, arg_lists, timeout: float = 600,
   """
   import json  # pylint: disable=g-import-not-at-top
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
-  done = subprocess.run(
-      [sys.executable, '-c', _MAIN_CALLS, module, json.dumps(arg_lists)],
-      cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+  args = [sys.executable, '-c', _MAIN_CALLS, module, json.dumps(arg_lists)]
+  proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    kill_tree(proc)
+    raise
+  done = subprocess.CompletedProcess(args, proc.returncode, out, err)
   stops = [json.loads(line.split(' ', 1)[1])
            for line in done.stdout.splitlines()
            if line.startswith('MAIN_CALL ')]

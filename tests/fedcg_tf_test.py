@@ -403,9 +403,6 @@ def test_client_starts_its_round_from_the_broadcast_g_and_c():
                                 y).numpy(), atol=1e-5)
 
 
-if __name__ == '__main__':
-  raise SystemExit(pytest.main([__file__]))
-
 
 def _moving_variances(model: tf.keras.Model) -> list[bool]:
   """Per weight of `model` (as `model_weights.values` orders them): is it a
@@ -447,3 +444,7 @@ def test_server_update_keeps_noised_batch_norm_variances_valid():
                                  atol=1e-5, err_msg=name)
   model_weights.assign(nets.generator, new.generator)
   assert np.all(np.isfinite(nets.generator([z, y], training=False).numpy()))
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

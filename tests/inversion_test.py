@@ -67,6 +67,35 @@ def test_inversion_keeps_each_channel_in_its_own_range():
   np.testing.assert_allclose(per_channel.max(0), high, rtol=1e-5)
 
 
+def test_inversion_starts_each_channel_uniform_in_its_own_range(
+    monkeypatch):
+  """The optimiser's start and box (what L-BFGS-B would otherwise clip
+  silently): per value, its channel's low and high."""
+  low, high = (-1.0, 0.0, 2.0), (-0.5, 3.0, 2.5)
+  flat_low, flat_high = dlg_tf.pixel_bounds((low, high), (2, 4, 4, 3))
+  np.testing.assert_array_equal(flat_low.reshape(-1, 3),
+                                np.tile(low, (32, 1)))
+  np.testing.assert_array_equal(flat_high.reshape(-1, 3),
+                                np.tile(high, (32, 1)))
+  seen = {}
+
+  def lbfgs(value_and_gradient, start, iterations, bounds):
+    seen.update(start=start, bounds=bounds)
+    return start.astype(np.float32), 0.0
+
+  monkeypatch.setattr(inv, '_lbfgs', lbfgs)
+  extractor = tf.keras.Sequential([tf.keras.Input((4, 4, 3)),
+                                   tf.keras.layers.Flatten()])
+  inv.invert_features(extractor, np.zeros((2, 48), np.float32), (4, 4, 3),
+                      (low, high), inv.InversionOptions(iterations=1, seed=0))
+  start = seen['start'].reshape(-1, 3)
+  assert np.all(start >= low) and np.all(start <= high)
+  # Spread over each channel's range, not a shared or a scalar one.
+  assert np.all(start.max(0) - start.min(0) > 0.5 * (np.array(high) -
+                                                     np.array(low)))
+  assert seen['bounds'] == list(zip(flat_low, flat_high))
+
+
 def test_inversion_refuses_non_finite_targets():
   """A NaN target (a generator whose noised batch-norm variance went
   negative) gives no reconstruction: the optimiser would return its start."""

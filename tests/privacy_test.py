@@ -446,7 +446,7 @@ def test_binary_names_the_bad_flag(tmp_path):
       'mean_test_accuracy_at_best_val': 0.5,
       'dp': {'dp_sigma': 0.1, 'dp_clip': 3.0}}))
   (other_run.parent / 'run.json').write_text(json.dumps(
-      {'config': {'seed': 2, 'model': 'lenet'}, 'run': {}}))
+      {'config': {'seed': 2, 'model': 'lenet'}, 'run': {'num_clients': 10}}))
   cases = [
       (['--num_images=3', '--attack_batch_size=2'], '--num_images=3'),
       (['--results=fedsplit=/nonexistent.json'], '--results'),
@@ -460,6 +460,11 @@ def test_binary_names_the_bad_flag(tmp_path):
       (['--algorithms=fedavg_dp', '--dp_sigma=0.1', '--dp_clip=3',
         f'--results=fedavg_dp0.1={other_run}'],
        "trained with seed 2, row fedavg_dp0.1 needs 1"),
+      (['--algorithms=fedavg_dp', '--dp_sigma=0.1', '--dp_clip=3', '--seed=2',
+        '--num_clients=4', f'--results=fedavg_dp0.1={other_run}'],
+       "trained with num_clients 10, row fedavg_dp0.1 needs 4"),
+      ([f'--train_dir={tmp_path / "train"}', '--train_flags=--model=resnet18'],
+       '--train_flags must not set --model'),
       (['--algorithms=fedavg_dp', '--dp_sigma=0.1,0.1'],
        '--dp_sigma must be distinct numbers'),
       (['--algorithms=fedavg_dp', '--dp_sigma=0.1,-1'],

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from fedcg_tff.execution import runtime
+from tests import binary_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -128,6 +129,22 @@ def test_shutdown_workers_is_idempotent_without_workers():
   assert runtime.shutdown_workers() == 0
   assert runtime.worker_processes() == []
 
+
+def test_a_binary_stopped_at_its_time_limit_leaves_no_process():
+  """The tests' time limit kills a binary's whole tree: a training run it
+  started (run_privacy_attack --train_dir) or its TFF workers would
+  otherwise run on into the rest of the suite."""
+  code = ('import subprocess, sys, time\n'
+          'child = subprocess.Popen([sys.executable, "-c", '
+          '"import time; time.sleep(60)"])\n'
+          'print(child.pid, flush=True)\n'
+          'time.sleep(60)\n')
+  proc = subprocess.Popen([sys.executable, '-c', code],
+                          stdout=subprocess.PIPE, text=True)
+  child = psutil.Process(int(proc.stdout.readline()))
+  binary_runs.kill_tree(proc)
+  child.wait(timeout=5)  # psutil.TimeoutExpired if it still runs.
+  assert proc.returncode is not None
 
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))

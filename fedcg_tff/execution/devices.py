@@ -87,7 +87,10 @@ def cpu_processors(cpuinfo: str | None = None) -> list[dict[str, str]]:
 
 # AMD's family 25 (Zen 3, Zen 4): Zen 4 runs AVX-512 on its two 256-bit FMA
 # pipes, a 512-bit instruction in two passes, so its float32 peak per cycle
-# is AVX2's. Family 26 (Zen 5 EPYC) has 512-bit pipes.
+# is AVX2's. Family 26 (Zen 5 EPYC) has 512-bit pipes. Not told apart here,
+# as no host of this pool has them: Zen 5 laptop parts, which split 512-bit
+# operations too, and Intel parts with one 512-bit FMA port (some Xeon
+# Bronze, Silver and Gold 5xxx), whose peak is also 32.
 _HALF_WIDTH_AVX512_FAMILIES = {('AuthenticAMD', '25')}
 
 
