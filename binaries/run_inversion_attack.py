@@ -321,9 +321,9 @@ def main(argv):
       # does the same to the mean of the uploads).
       tf.random.set_seed(FLAGS.seed * 100_003 + r)
       sigma, clip = replay.dp['dp_sigma'], replay.dp['dp_clip']
-      noised = lambda name, update, base: model_weights.with_valid_variances(
-          templates.model(name), model_weights.apply_update(
-              base, dp.gaussian_mechanism(tuple(update), sigma, clip)))
+      noised = lambda name, update, base: model_weights.apply_update(
+          templates.model(name), base,
+          dp.gaussian_mechanism(tuple(update), sigma, clip))
       generator_w = noised('generator', generator_w, server.generator)
       classifier_w = noised('classifier', classifier_w, server.classifier)
     true_e = output.state.extractor

@@ -428,9 +428,8 @@ def server_update(nets: PartyNetworks, baseline: Baseline, state: ServerState,
   config = nets.config
   shared = averaged
   if baseline.upload_update:  # `averaged` is the mean update (DP: noised).
-    shared = {name: model_weights.with_valid_variances(
-        nets.model(name),
-        model_weights.apply_update(state.shared[name], averaged[name]))
+    shared = {name: model_weights.apply_update(
+        nets.model(name), state.shared[name], averaged[name])
               for name in baseline.shared}
   generator = state.generator
   optimizer_state = state.optimizer_state

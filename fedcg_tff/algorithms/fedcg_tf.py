@@ -408,13 +408,10 @@ def server_update(nets: PartyNetworks, state: ServerState, aggregator_state,
   if upload_updates:
     averaged = attrs.evolve(
         averaged,
-        generator=model_weights.with_valid_variances(
-            nets.generator,
-            model_weights.apply_update(state.generator, averaged.generator)),
-        classifier=model_weights.with_valid_variances(
-            nets.classifier,
-            model_weights.apply_update(state.classifier,
-                                       averaged.classifier)))
+        generator=model_weights.apply_update(
+            nets.generator, state.generator, averaged.generator),
+        classifier=model_weights.apply_update(
+            nets.classifier, state.classifier, averaged.classifier))
   stamps = training_tf.Stamps(timed)
   assigned = (model_weights.assign(nets.generator, averaged.generator) +
               model_weights.assign(nets.classifier, averaged.classifier))

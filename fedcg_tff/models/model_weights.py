@@ -27,27 +27,22 @@ def update(new: Sequence[tf.Tensor], old: Sequence[tf.Tensor]
   return tuple(n - o for n, o in zip(new, old, strict=True))
 
 
-def apply_update(old: Sequence[tf.Tensor], delta: Sequence[tf.Tensor]
-                 ) -> tuple[tf.Tensor, ...]:
-  """`old + delta`, weight by weight: the inverse of `update`."""
-  return tuple(o + d for o, d in zip(old, delta, strict=True))
-
-
 @graph_code.plain
-def with_valid_variances(model: tf.keras.Model, values: Sequence[tf.Tensor]
-                         ) -> tuple[tf.Tensor, ...]:
-  """`values` (`model`'s weights, as `values` reads them) with every
-  batch-norm moving variance raised to at least 0.
+def apply_update(model: tf.keras.Model, old: Sequence[tf.Tensor],
+                 delta: Sequence[tf.Tensor]) -> tuple[tf.Tensor, ...]:
+  """`old + delta`, weight by weight (the inverse of `update`), for
+  `model`'s weights (as `values` reads them), with every batch-norm moving
+  variance raised to at least 0.
 
-  Where weights are an old model plus a noised update (DP), the noise can
+  Where delta is a noised update (DP), the noise can
   push a small moving variance below zero, and inference (which divides by
   its square root) then gives NaN everywhere. A variance cannot be negative,
   so 0 is the nearest valid value; clamping is post-processing of the
   noised update, so DP's guarantee holds. Valid values pass unchanged."""
   variances = {id(layer.moving_variance) for layer in model.submodules
                if isinstance(layer, tf.keras.layers.BatchNormalization)}
-  return tuple(tf.maximum(v, 0.0) if id(w) in variances else v
-               for w, v in zip(model.weights, values, strict=True))
+  return tuple(tf.maximum(o + d, 0.0) if id(w) in variances else o + d
+               for w, o, d in zip(model.weights, old, delta, strict=True))
 
 
 @graph_code.plain
