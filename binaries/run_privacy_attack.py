@@ -45,6 +45,7 @@ import tensorflow as tf
 from binaries import common
 from fedcg_tff.execution import runtime  # pylint: disable=unused-import  # Before TFF loads: clean exit.
 from fedcg_tff.names import PRIVACY_ALGORITHMS, TASKS
+from tasks import registry
 
 flags.DEFINE_list('algorithms', ['fedavg', 'fedavg_dp', 'fedsplit',
                                  'fedsplit_private', 'fedcg', 'fedcg_private'],
@@ -214,9 +215,10 @@ def accuracy_of(name: str, threat: str, sigma: float, path: str) -> dict:
   if not math.isclose(run_sigma, sigma):
     raise app.UsageError(f'--results: {path} was trained with dp_sigma '
                          f'{run_sigma}, row {name} needs {sigma}')
-  # The rest of what makes the run this row's: its clip, task, data, seed
-  # and model (from the run.json beside it, when it is there; a flag left
-  # to its task's default is not compared).
+  # The rest of what makes the run this row's: its clip and delta, task,
+  # data, seed and model (from the run.json beside it, when it is there; an
+  # unset --data_source is the task's default; the clients, whose default
+  # number only the loaded task knows, are compared in `main`).
   try:
     with open(os.path.join(os.path.dirname(path), 'run.json')) as f:
       definition = json.load(f)
@@ -228,10 +230,16 @@ def accuracy_of(name: str, threat: str, sigma: float, path: str) -> dict:
             'model': (config.get('model'), 'lenet'),
             'num_clients': (run.get('num_clients'), FLAGS.num_clients),
             'train_per_client': (run.get('train_per_client'),
-                                 FLAGS.train_per_client),
-            'data_source': (run.get('data_source'), FLAGS.data_source)}
+                                 FLAGS.train_per_client)}
+  if 'run' in definition:
+    wanted['data_source'] = (
+        registry.data_source(result.get('task', FLAGS.task),
+                             run.get('data_source')),
+        registry.data_source(FLAGS.task, FLAGS.data_source))
   if sigma:
-    wanted['dp_clip'] = (result.get('dp', {}).get('dp_clip'), FLAGS.dp_clip)
+    # The run's epsilon is at its own delta: the report labels it with ours.
+    for field in ('dp_clip', 'dp_delta'):
+      wanted[field] = (result.get('dp', {}).get(field), getattr(FLAGS, field))
   for field, (got, want) in wanted.items():
     if got is not None and want is not None and got != want:
       raise app.UsageError(f'--results: {path} was trained with {field} '
@@ -239,7 +247,8 @@ def accuracy_of(name: str, threat: str, sigma: float, path: str) -> dict:
   return {'accuracy': float(result['mean_test_accuracy_at_best_val']),
           'rounds': int(result['rounds_run']),
           'epsilon_training': result.get('dp', {}).get('epsilon'),
-          'dp_training': result.get('dp')}
+          'dp_training': result.get('dp'),
+          'client_names': result.get('client_names')}
 
 
 def main(argv):
@@ -271,6 +280,13 @@ def main(argv):
       num_clients=FLAGS.num_clients,
       train_per_client=FLAGS.train_per_client, seed=FLAGS.seed,
       data_dir=FLAGS.data_dir, data_source=FLAGS.data_source))
+  for name, info in training.items():
+    if info['client_names'] and tuple(info['client_names']) != tuple(
+        task.client_names):
+      raise app.UsageError(
+          f'--results: {results[name]} was trained on clients '
+          f'{", ".join(info["client_names"])}; row {name} attacks '
+          f'{", ".join(task.client_names)} (--num_clients, --task)')
   if FLAGS.client >= task.num_clients:
     raise app.UsageError(f'--client={FLAGS.client}: the task has '
                          f'{task.num_clients} clients')

@@ -19,8 +19,12 @@ FOLDER_LAYOUT = '<data_dir>/<domain>/<class>/*.jpg'
 Arrays = tuple[np.ndarray, np.ndarray]
 
 
+# Where a domain task's images come from unless it says otherwise.
+FOLDER_ONLY = ('folder',)
+
+
 def check_options(options: TaskOptions, domains: Sequence[str],
-                      task: str, sources: Sequence[str] = ('folder',)) -> None:
+                      task: str, sources: Sequence[str] = FOLDER_ONLY) -> None:
   """Flags that a domain task does not take are errors, not ignored."""
   if options.data_source not in (None, *sources):
     raise ValueError(f'data_source must be one of {tuple(sources)} for '

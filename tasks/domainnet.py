@@ -15,6 +15,8 @@ from tasks.cifar10 import IMAGENET_MEAN, IMAGENET_STD
 from tasks.options import TaskOptions
 
 DOMAINS = ('clipart', 'infograph', 'quickdraw', 'real', 'sketch')
+# Where DomainNet can come from; the first is the default.
+DATA_SOURCES = ('folder', 'tfds')
 # The ten-class subset used for DomainNet in FedBN and FedCG.
 CLASSES = ['bird', 'feather', 'headphones', 'ice_cream', 'teapot', 'tiger',
            'whale', 'windmill', 'wine_glass', 'zebra']
@@ -41,8 +43,8 @@ def _from_tfds(domain: str, options: TaskOptions):
 
 def build(options: TaskOptions) -> image_task.FederatedImageTask:
   domain_split.check_options(options, DOMAINS, 'domainnet',
-                                 sources=('folder', 'tfds'))
-  source = options.data_source or 'folder'
+                                 sources=DATA_SOURCES)
+  source = options.data_source or DATA_SOURCES[0]
   if source == 'tfds':
     load = lambda domain: _from_tfds(domain, options)
   else:

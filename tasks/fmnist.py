@@ -85,9 +85,13 @@ def load_tfds(data_dir=None):
   return tuple(tfds_loader.load('fashion_mnist', ['train', 'test'], data_dir))
 
 
+# Where FMNIST can come from; the first is the default.
+DATA_SOURCES = ('idx', 'tfds')
+
+
 def load(options: TaskOptions):
   """(train, test) uint8 arrays from the source the options name."""
-  source = options.data_source or 'idx'
+  source = options.data_source or DATA_SOURCES[0]
   if source == 'idx':
     return load_idx(options.data_dir or DEBIAN_DIR)
   if source == 'tfds':

@@ -22,18 +22,41 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def kill_tree(proc: subprocess.Popen) -> None:
   """Kills `proc` and every process under it: a binary stopped at a test's
   time limit must not leave its training subprocesses or TFF workers
-  running into the rest of the suite."""
+  running into the rest of the suite. The tree is stopped (SIGSTOP) from
+  the top down until a listing finds no new process, then killed: a
+  process still running while the others are killed could start a worker
+  nobody listed, and one whose parent died first would no longer be in the
+  tree."""
+  stopped = []
   try:
-    children = psutil.Process(proc.pid).children(recursive=True)
+    frontier = [psutil.Process(proc.pid)]
+    while frontier:
+      for p in frontier:
+        try:
+          p.suspend()
+          stopped.append(p)
+        except psutil.Error:
+          pass
+      known = {p.pid for p in stopped}
+      frontier = [c for p in stopped for c in _children(p)
+                  if c.pid not in known]
+      frontier = list({c.pid: c for c in frontier}.values())
   except psutil.Error:
-    children = []
+    pass
   proc.kill()
-  for child in children:
+  for p in stopped:
     try:
-      child.kill()
+      p.kill()
     except psutil.Error:
       pass
   proc.wait()
+
+
+def _children(p: psutil.Process):
+  try:
+    return p.children(recursive=True)
+  except psutil.Error:
+    return []
 
 
 class BinaryRun:

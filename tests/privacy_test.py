@@ -444,9 +444,27 @@ def test_binary_names_the_bad_flag(tmp_path):
   other_run.write_text(json.dumps({
       'algorithm': 'fedavg', 'task': 'fmnist', 'rounds_run': 1,
       'mean_test_accuracy_at_best_val': 0.5,
-      'dp': {'dp_sigma': 0.1, 'dp_clip': 3.0}}))
+      'dp': {'dp_sigma': 0.1, 'dp_clip': 3.0, 'dp_delta': 1e-3}}))
   (other_run.parent / 'run.json').write_text(json.dumps(
       {'config': {'seed': 2, 'model': 'lenet'}, 'run': {'num_clients': 10}}))
+  tfds_run = tmp_path / 'tfds' / 'results.json'
+  tfds_run.parent.mkdir()
+  tfds_run.write_text(json.dumps({
+      'algorithm': 'fedavg', 'task': 'fmnist', 'rounds_run': 1,
+      'mean_test_accuracy_at_best_val': 0.5}))
+  (tfds_run.parent / 'run.json').write_text(json.dumps(
+      {'config': {'seed': 1}, 'run': {'data_source': 'tfds'}}))
+  # A run of three clients, attacked on a task of two: only the loaded
+  # task knows its clients (the default number is the task's).
+  three_clients = tmp_path / 'three' / 'results.json'
+  three_clients.parent.mkdir()
+  three_clients.write_text(json.dumps({
+      'algorithm': 'fedavg', 'task': 'fmnist', 'rounds_run': 1,
+      'mean_test_accuracy_at_best_val': 0.5,
+      'client_names': ['c0', 'c1', 'c2']}))
+  data_dir = tmp_path / 'data'
+  data_dir.mkdir()
+  fake_data.write_fake_fmnist(str(data_dir), n_train=80, n_test=40)
   cases = [
       (['--num_images=3', '--attack_batch_size=2'], '--num_images=3'),
       (['--results=fedsplit=/nonexistent.json'], '--results'),
@@ -463,6 +481,16 @@ def test_binary_names_the_bad_flag(tmp_path):
       (['--algorithms=fedavg_dp', '--dp_sigma=0.1', '--dp_clip=3', '--seed=2',
         '--num_clients=4', f'--results=fedavg_dp0.1={other_run}'],
        "trained with num_clients 10, row fedavg_dp0.1 needs 4"),
+      # Its epsilon is at delta 1e-3, not the report's 1e-5.
+      (['--algorithms=fedavg_dp', '--dp_sigma=0.1', '--dp_clip=3', '--seed=2',
+        f'--results=fedavg_dp0.1={other_run}'],
+       "trained with dp_delta 0.001, row fedavg_dp0.1 needs 1e-05"),
+      # An unset --data_source is FMNIST's default, the IDX files.
+      (['--algorithms=fedavg', f'--results=fedavg={tfds_run}'],
+       "trained with data_source 'tfds', row fedavg needs 'idx'"),
+      (['--algorithms=fedavg', f'--results=fedavg={three_clients}',
+        f'--data_dir={data_dir}', '--num_clients=2', '--train_per_client=20'],
+       'was trained on clients c0, c1, c2; row fedavg attacks'),
       ([f'--train_dir={tmp_path / "train"}', '--train_flags=--model=resnet18'],
        '--train_flags must not set --model'),
       (['--algorithms=fedavg_dp', '--dp_sigma=0.1,0.1'],
