@@ -446,5 +446,23 @@ def test_server_update_keeps_noised_batch_norm_variances_valid():
   assert np.all(np.isfinite(nets.generator([z, y], training=False).numpy()))
 
 
+
+def test_variance_clamp_finds_the_variances_of_networks_built_in_a_graph():
+  """TFF builds the server's networks inside its own `tf.Graph`, where
+  Keras 2.14 builds its layers from other base classes: the clamp must
+  still find G's moving variances there (and nothing else)."""
+  with tf.Graph().as_default():
+    generator = fedcg_tf.PartyNetworks(TINY).model('generator')
+    is_variance = _moving_variances(generator)
+    assert sum(is_variance) >= 3
+    old = [tf.ones_like(w) for w in generator.weights]
+    delta = [tf.fill(tf.shape(w), -2.0) for w in generator.weights]
+    applied = model_weights.apply_update(generator, old, delta)
+    with tf.compat.v1.Session() as session:
+      values = session.run(applied)
+  for value, variance in zip(values, is_variance, strict=True):
+    np.testing.assert_array_equal(value, 0.0 if variance else -1.0)
+
+
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
