@@ -231,10 +231,10 @@ def accuracy_of(name: str, threat: str, sigma: float, path: str) -> dict:
             'num_clients': (run.get('num_clients'), FLAGS.num_clients),
             'train_per_client': (run.get('train_per_client'),
                                  FLAGS.train_per_client)}
-  if 'run' in definition:
+  # (A run of another task is refused for its task; its sources are not ours.)
+  if 'run' in definition and result.get('task', FLAGS.task) == FLAGS.task:
     wanted['data_source'] = (
-        registry.data_source(result.get('task', FLAGS.task),
-                             run.get('data_source')),
+        registry.data_source(FLAGS.task, run.get('data_source')),
         registry.data_source(FLAGS.task, FLAGS.data_source))
   if sigma:
     # The run's epsilon is at its own delta: the report labels it with ours.

@@ -27,29 +27,29 @@ def kill_tree(proc: subprocess.Popen) -> None:
   process still running while the others are killed could start a worker
   nobody listed, and one whose parent died first would no longer be in the
   tree."""
-  stopped = []
+  stopped, tried = [], set()
   try:
     frontier = [psutil.Process(proc.pid)]
     while frontier:
       for p in frontier:
+        tried.add(p.pid)
         try:
           p.suspend()
           stopped.append(p)
         except psutil.Error:
           pass
-      known = {p.pid for p in stopped}
-      frontier = [c for p in stopped for c in _children(p)
-                  if c.pid not in known]
-      frontier = list({c.pid: c for c in frontier}.values())
+      frontier = list({c.pid: c for p in stopped for c in _children(p)
+                       if c.pid not in tried}.values())
   except psutil.Error:
     pass
-  proc.kill()
-  for p in stopped:
-    try:
-      p.kill()
-    except psutil.Error:
-      pass
-  proc.wait()
+  finally:
+    proc.kill()
+    for p in stopped:
+      try:
+        p.kill()
+      except psutil.Error:
+        pass
+    proc.wait()
 
 
 def _children(p: psutil.Process):
