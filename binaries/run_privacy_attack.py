@@ -21,7 +21,8 @@ with DLG (L-BFGS or Adam, --restarts per batch). It writes to --output_dir:
 
 Accuracy comes from `run_fedcg` runs: --results=name=path/results.json,...
 names finished runs (names are the rows': fedavg, fedavg_dp0.1, fedsplit,
-fedcg, ...; a run trained with other settings than the row is refused); with --train_dir, each row without a result is trained there by
+fedcg, ...; a run trained with other settings than the row is refused);
+with --train_dir, each row without a result is trained there by
 `run_fedcg` (one process at a time, resumable: rerunning continues), with
 --train_flags, this binary's --seed, --task, --data_dir, --data_source,
 --num_clients, --train_per_client and, for DP rows, --dp_sigma / --dp_clip / --dp_delta. Without either, the
