@@ -23,6 +23,7 @@ from tasks.cifar10 import IMAGENET_MEAN, IMAGENET_STD
 from tasks.options import TaskOptions
 
 DOMAINS = ('mnistm', 'svhn', 'syn', 'usps')
+DATA_SOURCES = domain_split.FOLDER_ONLY
 SERVER_DOMAIN = 'mnist'
 TFDS_NAMES = {'svhn': 'svhn_cropped', 'mnist': 'mnist'}
 CLASSES = [str(d) for d in range(10)]
@@ -47,7 +48,7 @@ def load_domain(domain: str, options: TaskOptions):
 
 
 def build(options: TaskOptions) -> image_task.FederatedImageTask:
-  domain_split.check_options(options, DOMAINS, 'digit5')
+  domain_split.check_options(options, DOMAINS, 'digit5', DATA_SOURCES)
   if options.data_dir is None:
     # Without a root only the TFDS domains could load: say what is missing.
     missing = [d for d in DOMAINS if d not in TFDS_NAMES]

@@ -25,6 +25,7 @@ from tasks import pooled
 from tasks.options import TaskOptions
 
 SHIFTS = ('rotate', 'invert', 'blur', 'noise', 'contrast')
+DATA_SOURCES = fmnist.DATA_SOURCES  # Its images are FMNIST's.
 
 
 def shift(kind: str, images: np.ndarray, seed: int) -> np.ndarray:

@@ -11,12 +11,14 @@ from tasks.cifar10 import IMAGENET_MEAN, IMAGENET_STD
 from tasks.options import TaskOptions
 
 DOMAINS = ('amazon', 'dslr', 'webcam', 'caltech')
+DATA_SOURCES = domain_split.FOLDER_ONLY
 CLASSES = ['back_pack', 'bike', 'calculator', 'headphones', 'keyboard',
            'laptop_computer', 'monitor', 'mouse', 'mug', 'projector']
 
 
 def build(options: TaskOptions) -> image_task.FederatedImageTask:
-  domain_split.check_options(options, DOMAINS, 'office_caltech10')
+  domain_split.check_options(options, DOMAINS, 'office_caltech10',
+                             DATA_SOURCES)
   root = domain_split.folder_root(options, 'office_caltech10')
   load = domain_split.class_folder_loader(root, CLASSES, options,
                                           'office_caltech10')

@@ -1,9 +1,9 @@
 """Every task by name. Adding a task is adding a module with
-`build(TaskOptions) -> FederatedImageTask` and a line here."""
+`build(TaskOptions) -> FederatedImageTask` and `DATA_SOURCES` (the
+`--data_source` values it reads, its default first) and a line here."""
 
 from tasks import cifar10
 from tasks import digit5
-from tasks import domain_split
 from tasks import domainnet
 from tasks import fmnist
 from tasks import fmnist_shift
@@ -11,14 +11,16 @@ from tasks import image_task
 from tasks import office_caltech10
 from tasks.options import TaskOptions
 
-TASKS = {
-    'fmnist': fmnist.build,
-    'fmnist_shift': fmnist_shift.build,
-    'cifar10': cifar10.build,
-    'digit5': digit5.build,
-    'office_caltech10': office_caltech10.build,
-    'domainnet': domainnet.build,
+_MODULES = {
+    'fmnist': fmnist,
+    'fmnist_shift': fmnist_shift,
+    'cifar10': cifar10,
+    'digit5': digit5,
+    'office_caltech10': office_caltech10,
+    'domainnet': domainnet,
 }
+TASKS = {name: module.build for name, module in _MODULES.items()}
+DATA_SOURCES = {name: module.DATA_SOURCES for name, module in _MODULES.items()}
 
 # FedDF's unlabeled server images by default, per task (0: the task has no
 # server data in the spec's protocol).
@@ -26,15 +28,6 @@ DEFAULT_SERVER_SIZE = {'fmnist': fmnist.SERVER_SIZE,
                        'fmnist_shift': fmnist.SERVER_SIZE,
                        'cifar10': 32_000, 'digit5': 10_000,
                        'office_caltech10': 0, 'domainnet': 0}
-
-
-# Each task's data sources (`--data_source`), its default first.
-DATA_SOURCES = {'fmnist': fmnist.DATA_SOURCES,
-                'fmnist_shift': fmnist.DATA_SOURCES,
-                'cifar10': cifar10.DATA_SOURCES,
-                'digit5': domain_split.FOLDER_ONLY,
-                'office_caltech10': domain_split.FOLDER_ONLY,
-                'domainnet': domainnet.DATA_SOURCES}
 
 
 def data_source(name: str, data_source_flag: str | None) -> str:

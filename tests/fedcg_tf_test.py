@@ -446,7 +446,6 @@ def test_server_update_keeps_noised_batch_norm_variances_valid():
   assert np.all(np.isfinite(nets.generator([z, y], training=False).numpy()))
 
 
-
 def test_variance_clamp_finds_the_variances_of_networks_built_in_a_graph():
   """TFF builds the server's networks inside its own `tf.Graph`, where
   Keras 2.14 builds its layers from other base classes: the clamp must
