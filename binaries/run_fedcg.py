@@ -477,6 +477,7 @@ def main(argv):
   from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import round_loop  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import client_store  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import run_files  # pylint: disable=g-import-not-at-top
 
   # Data first: a missing data set must not leave an output directory.
@@ -530,6 +531,9 @@ def main(argv):
   except checkpoint.StateMismatch as e:
     sys.exit(f'Cannot resume: {e} Resume it with that version, or start '
              'in a new --output_dir; this save was left in place.')
+  except client_store.MissingState as e:
+    sys.exit(f'Cannot resume: {e}. Restore the client_states files, or '
+             'start in a new --output_dir; nothing was changed.')
   except round_loop.NumericalFault as e:
     good = checkpoints.latest_round()
     sys.exit(f'Numerical fault: {e}. The run stopped; rounds 1-{good} are '

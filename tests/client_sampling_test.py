@@ -211,7 +211,7 @@ def _toy_state(value):
   return {'w': np.full([3], value, np.float32), 'step': np.int64(value)}
 
 
-def test_disk_store_keeps_two_versions_and_rolls_back(tmp_path):
+def test_disk_store_keeps_three_versions_and_rolls_back(tmp_path):
   initialized = []
 
   def initialize(ids):
@@ -231,11 +231,12 @@ def test_disk_store_keeps_two_versions_and_rolls_back(tmp_path):
   store.save(3, [1], [_toy_state(31)])
   assert values([0, 1, 2, 3]) == [10, 31, 22, -3]
   assert int(store.load([1])[0]['step']) == 31  # Every leaf round-trips.
-  # Client 1 keeps its newest two versions only.
-  assert store.versions(1) == [2, 3] and store.versions(0) == [1]
+  # Client 1 keeps its three versions (a fourth pushes one out: below).
+  assert store.versions(1) == [1, 2, 3] and store.versions(0) == [1]
   assert sorted(os.listdir(tmp_path)) == [
-      'client_00000.r000001.npz', 'client_00001.r000002.npz',
-      'client_00001.r000003.npz', 'client_00002.r000002.npz']
+      'client_00000.r000001.npz', 'client_00001.r000001.npz',
+      'client_00001.r000002.npz', 'client_00001.r000003.npz',
+      'client_00002.r000002.npz']
 
   # A crash in round 3 after client 1's file was written, before the
   # round-3 checkpoint: a store reopened on the directory (a leftover
@@ -243,7 +244,7 @@ def test_disk_store_keeps_two_versions_and_rolls_back(tmp_path):
   # after round 2.
   (tmp_path / 'client_00003.r000003.npz.tmp').write_bytes(b'half')
   store = open_store()
-  assert store.versions(1) == [2, 3]
+  assert store.versions(1) == [1, 2, 3]
   store.discard_after(2)
   assert values([0, 1, 2, 3]) == [10, 21, 22, -3]
   assert not (tmp_path / 'client_00001.r000003.npz').exists()
@@ -254,6 +255,14 @@ def test_disk_store_keeps_two_versions_and_rolls_back(tmp_path):
   store.save(1, [3], [_toy_state(13)])
   with pytest.raises(ValueError, match='client 3.*2 clients'):
     client_store.DiskClientStore(str(tmp_path), 2, initialize, _toy_state(0))
+  # One version for each of the two kept checkpoints, one for the round in
+  # flight; older ones are deleted.
+  for r in (1, 2, 3, 4):
+    store.save(r, [2], [_toy_state(r)])
+  assert store.versions(2) == [2, 3, 4]
+  assert sorted(p.name for p in tmp_path.glob('client_00002.*')) == [
+      'client_00002.r000002.npz', 'client_00002.r000003.npz',
+      'client_00002.r000004.npz']
 
 
 def test_disk_store_names_a_state_of_another_shape_and_sets_it_aside_only_if_damaged(
@@ -449,7 +458,8 @@ def _corrupt(path):
 
 
 @pytest.mark.parametrize('damaged', ['checkpoint', 'client_file',
-                                     'older_client_file'])
+                                     'older_client_file',
+                                     'checkpoint_after_a_crash'])
 def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
                                                   damaged):
   """The newest checkpoint's variables, or a client's newest state file, is
@@ -457,14 +467,18 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
   it aside (nothing deleted), resumes from the newest save that does not
   need it and ends equal to an uninterrupted run. A client not sampled in
   round 3 whose round-1 or round-2 file is damaged invalidates every kept
-  save (rounds 2 and 3): the run starts over."""
+  save (rounds 2 and 3): the run starts over. With every client's state
+  on disk and a crash in round 4 after its client files were written, the
+  fallback from round 3 to round 2 needs every client's round-2 file,
+  which round 4's files must not have pushed out."""
   num_clients = 6
-  per_round = None if damaged == 'checkpoint' else 3
+  per_round = {'client_file': 3, 'older_client_file': 3}.get(damaged)
+  on_disk = damaged != 'checkpoint'
   val, test = _eval_data(num_clients)
   train = lambda r: _train_data(r, num_clients=num_clients)
 
   def run(directory, rounds, log=lambda _: None):
-    states = str(directory / 'states') if per_round else None
+    states = str(directory / 'states') if on_disk else None
     driver = _driver(process, states, per_round, num_clients)
     result = round_loop.run(
         driver, train, val, test, max_rounds=rounds, patience=9, log=log,
@@ -473,7 +487,10 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
 
   whole, whole_result = run(tmp_path / 'whole', 3)
   broken, _ = run(tmp_path / 'broken', 3)
-  if damaged == 'checkpoint':
+  if damaged == 'checkpoint_after_a_crash':
+    broken.run_round(3, train(3))  # Round 4's files; then the crash.
+    assert broken.client_store.versions(0) == [2, 3, 4]
+  if damaged.startswith('checkpoint'):
     bad = tmp_path / 'broken' / 'ckpt' / 'round_3'
     _corrupt(bad / 'variables' / 'variables.data-00000-of-00001')
   elif damaged == 'client_file':
@@ -503,6 +520,31 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
   assert resumed.evaluate(val, test) == whole.evaluate(val, test)
   for key, value in whole_result.tracker.as_arrays().items():
     np.testing.assert_array_equal(result.tracker.as_arrays()[key], value)
+
+
+def test_resume_stops_when_a_trained_client_has_no_state(process, tmp_path):
+  """A client trained before the checkpoint whose files are gone would
+  silently restart from its initial state: the resume stops naming it, with
+  every save left in place."""
+  val, test = _eval_data(4)
+  ckpt = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
+
+  def run(rounds):
+    driver = _driver(process, str(tmp_path / 'states'), None, 4)
+    return round_loop.run(driver, lambda r: _train_data(r, num_clients=4),
+                          val, test, max_rounds=rounds, patience=9,
+                          log=lambda _: None, checkpoints=ckpt)
+
+  run(2)
+  for path in (tmp_path / 'states').glob('client_00001.*'):
+    path.unlink()
+  with pytest.raises(client_store.MissingState,
+                     match=r'client 1 was trained in round 1, but .*states '
+                           r'holds no state of it for the checkpoint of '
+                           r'round 2'):
+    run(3)
+  assert ckpt.kept_rounds() == [1, 2]
+  assert len(list((tmp_path / 'states').glob('client_*.npz'))) == 6
 
 
 # ---------------------------------------------------------------------------

@@ -106,10 +106,16 @@ def unpack(packed: dict[str, np.ndarray], template: Any) -> Any:
   return tf.nest.pack_sequence_as(template, leaves)
 
 
+# How many round saves a run keeps (the newest and the one before it, to
+# fall back on when the newest is damaged). `client_store.DiskClientStore`
+# keeps one client version more, for the round in flight.
+KEPT_SAVES = 2
+
+
 class Checkpoints:
   """Round states in `directory`, version = number of completed rounds."""
 
-  def __init__(self, directory: str, keep: int = 2):
+  def __init__(self, directory: str, keep: int = KEPT_SAVES):
     self.directory = directory
     self._manager = tff.program.FileProgramStateManager(
         directory, prefix='round_', keep_total=keep, keep_first=False)

@@ -15,9 +15,14 @@ bookkeeping but no client state): a crash after some client files of round r
 were written but before the round-r checkpoint was saved must resume from
 round r - 1 exactly. So files are versioned by the number of completed
 rounds they belong to (`client_00042.r000007.npz`: client 42's state after
-round 7), each client keeps its newest file and the one before it (at most
-one round, the one in flight, is ever uncommitted), and `discard_after(k)`
-deletes every file newer than k completed rounds, exposing the older one.
+round 7), and `discard_after(k)` deletes every file newer than k completed
+rounds, exposing the older one. Each client keeps its newest
+`checkpoint.KEPT_SAVES + 1` files: every kept checkpoint may be the one a
+resume falls back on (the newest damaged), and one round, the one in
+flight, may be uncommitted. With one file fewer, a client trained in rounds
+r - 1, r and r + 1 that crashed before round r + 1's checkpoint would have
+lost its round r - 1 file, which the fallback from a damaged round-r
+checkpoint needs.
 """
 
 import dataclasses
@@ -29,6 +34,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fedcg_tff.program import checkpoint
+
+
+class MissingState(RuntimeError):
+  """A client trained before the round a run resumes from has no stored
+  state: resuming would silently give it its initial one. Not damage that
+  an older checkpoint could mend (its states would be older still): the run
+  stops, naming the client, and every file stays where it is."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +131,7 @@ class DiskClientStore:
   callers and tests to check the memory bound.
   """
 
-  KEEP = 2  # Newest version + the one before (see the module docstring).
+  KEEP = checkpoint.KEPT_SAVES + 1  # See the module docstring.
 
   def __init__(self, directory: str, num_clients: int,
                initialize: Callable[[list[int]], list[Any]], template: Any):
@@ -238,6 +250,17 @@ class DiskClientStore:
           f'client {client}\'s state after round {version} ({path}, set '
           f'aside as {aside}) is damaged: {checkpoint.describe_error(error)}',
           rounds_done=version) from error
+
+  def require(self, trained: dict[int, int], rounds_done: int) -> None:
+    """Raises `MissingState` naming the first client of `trained` (client
+    -> the first round it was trained in) that has no stored state."""
+    for client, first in sorted(trained.items()):
+      if not self._versions.get(client):
+        raise MissingState(
+            f'client {client} was trained in round {first}, but '
+            f'{self.directory} holds no state of it for the checkpoint of '
+            f'round {rounds_done} (files deleted or moved?); resuming would '
+            'give it its initial state')
 
   def discard_after(self, rounds_done: int) -> None:
     """Deletes every state newer than `rounds_done` completed rounds: those

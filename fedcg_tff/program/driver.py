@@ -183,8 +183,20 @@ class Driver:
       rounds_done = int(self.server_state.round_num)
       self._store.discard_after(rounds_done)
       self._store.check()
+      self._store.require(self._trained_before(rounds_done), rounds_done)
     else:
       self._store.restore_all(list(client_states))
+
+  def _trained_before(self, rounds_done: int) -> dict[int, int]:
+    """Each client trained in the first `rounds_done` rounds -> the first
+    (1-based) round it was, from the sampling's pure function."""
+    first = {}
+    for round_num in range(rounds_done):
+      if len(first) == self.num_clients:
+        break
+      for i in self.sample_clients(round_num):
+        first.setdefault(i, round_num + 1)
+    return first
 
   def evaluate(self, val_data: list, test_data: list):
     """Every client's validation and test accuracy of its E_i then C_i.
