@@ -20,6 +20,7 @@ from fedcg_tff.program import checkpoint
 from fedcg_tff.program import client_store
 from fedcg_tff.program import driver
 from fedcg_tff.program import round_loop
+from fedcg_tff.program import run_files
 from tasks import image_task
 from tests import binary_runs
 from tests import built
@@ -482,8 +483,13 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
     driver = _driver(process, states, per_round, num_clients)
     result = round_loop.run(
         driver, train, val, test, max_rounds=rounds, patience=9, log=log,
+        writer=run_files.MetricsWriter(str(directory)),
         checkpoints=checkpoint.Checkpoints(str(directory / 'ckpt')))
     return driver, result
+
+  def rounds_in(csv_path):
+    with open(csv_path) as f:
+      return [int(r['round']) for r in csv.DictReader(f)]
 
   whole, whole_result = run(tmp_path / 'whole', 3)
   broken, _ = run(tmp_path / 'broken', 3)
@@ -510,12 +516,19 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
   assert str(bad) in said, said
   assert os.path.exists(bad.parent / f'damaged_{bad.name}') or os.path.exists(
       tmp_path / 'broken' / 'ckpt' / 'damaged_round_3')
+  earlier = list((tmp_path / 'broken').glob('earlier_attempt_*'))
   if damaged == 'older_client_file':
     assert 'the run starts over' in said, said
     assert result.resumed_from == 0 and result.rounds_run == 3
+    # The metrics of the rounds run before are kept, not overwritten.
+    assert len(earlier) == 1 and f'moved to {earlier[0]}' in said, said
+    assert rounds_in(earlier[0] / 'metrics.csv') == [1, 2, 3]
+    assert os.listdir(earlier[0] / 'tensorboard')
   else:
     assert 'resuming after round 2' in said, said
     assert result.resumed_from == 2 and result.rounds_run == 3
+    assert not earlier
+  assert rounds_in(tmp_path / 'broken' / 'metrics.csv') == [1, 2, 3]
   assert _bytes(resumed.state()) == _bytes(whole.state())
   assert resumed.evaluate(val, test) == whole.evaluate(val, test)
   for key, value in whole_result.tracker.as_arrays().items():

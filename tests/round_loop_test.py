@@ -284,5 +284,26 @@ def test_a_save_of_another_state_stops_the_resume_naming_it(tmp_path):
   assert not glob.glob(str(tmp_path / 'ckpt' / 'damaged_*'))
 
 
+def test_a_save_of_another_structure_stops_the_resume_naming_it(tmp_path):
+  """A save whose state has another set of dtypes (here: float64 client
+  weights, where this code's are float32), which TFF's load refuses with a
+  plain ValueError, is not damage either: nothing is set aside."""
+  checkpoints = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
+  other = _ScriptedAlgorithm([[0.1], [0.2]], [[0.1], [0.2]])
+  state = other.state
+  other.state = lambda: (state()[0], [{'weights': np.zeros(3, np.float64)}])
+  round_loop.run(other, lambda r: [r], [None], [None], max_rounds=2,
+                 patience=9, log=lambda _: None, checkpoints=checkpoints)
+  this = _ScriptedAlgorithm([[0.1], [0.2]], [[0.1], [0.2]])
+  with pytest.raises(checkpoint.StateMismatch,
+                     match=r'round_2: it holds algorithm/float64, .*; the '
+                           r'state needs algorithm/float32, .*: was it '
+                           r'written by another version'):
+    round_loop.run(this, lambda r: [r], [None], [None], max_rounds=3,
+                   patience=9, log=lambda _: None, checkpoints=checkpoints)
+  assert checkpoints.kept_rounds() == [1, 2]
+  assert not glob.glob(str(tmp_path / 'ckpt' / 'damaged_*'))
+
+
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))

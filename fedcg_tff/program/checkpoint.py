@@ -26,6 +26,7 @@ from google.protobuf import message as protobuf_message
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+import tree
 
 
 class DamagedState(Exception):
@@ -46,11 +47,10 @@ class StateMismatch(ValueError):
   should restore (other sizes or dtypes): written by another version of the
   code, or for other networks. Not damage, so nothing is set aside: the run
   stops, naming the file (`resume`, `client_store`). It is a ValueError,
-  which READ_ERRORS holds: catch it before them.
-
-  Not caught here: a save whose *structure* differs (another set of dtypes)
-  fails in TFF's load against the template with a ValueError and is still
-  taken for damage (set aside, nothing deleted)."""
+  which READ_ERRORS holds: catch it before them. A save of another
+  *structure* (another set of dtypes), which TFF's load against the
+  template refuses with a plain ValueError, is one too when the save reads
+  back intact on its own (`Checkpoints.resume`)."""
 
 
 # What reading a damaged file raises: TF's checksum and format errors
@@ -146,7 +146,8 @@ class Checkpoints:
     damaged for that round. A save that cannot be read, or that `restore`
     finds damaged, is set aside as `damaged_round_<n>` (nothing is
     deleted), named in a message, and the next older one is tried; if none
-    is intact the run starts over, saying so. Any other error of `restore`
+    is intact the run starts over, saying so (`round_loop.run` then moves
+    the earlier metrics aside). Any other error of `restore`
     is a fault of the caller, not of the save: it propagates, with the save
     left in place; so does a save of another state (`StateMismatch`, the
     message naming it).
@@ -164,6 +165,9 @@ class Checkpoints:
         state = tf.nest.map_structure(np.asarray, state)
       except READ_ERRORS as e:
         error = e
+        other = self._other_structure(version, template, e)
+        if other is not None:
+          raise StateMismatch(f'{self.path(version)}: {other}') from None
       else:
         try:
           restore(version, state)
@@ -183,6 +187,28 @@ class Checkpoints:
     if versions:
       log('no intact saved state: the run starts over from round 1')
     return 0
+
+  def _other_structure(self, version: int, template: Any,
+                       error: BaseException) -> str | None:
+    """Why the save of `version` does not fit `template` if, read back on
+    its own (no template), it is intact but of another structure; None if
+    it cannot be read (damage) or `error` was not about its structure."""
+    if type(error) is not ValueError:  # pylint: disable=unidiomatic-typecheck
+      return None
+    try:
+      saved = tf.saved_model.load(self.path(version))()
+      saved = tf.nest.map_structure(
+          lambda v: v.read_value() if isinstance(v, tf.Variable) else v,
+          saved)
+    except READ_ERRORS:
+      return None
+    paths = lambda s: ', '.join(
+        '/'.join(str(k) for k in path) for path, _ in
+        tree.flatten_with_path(s))
+    if paths(saved) == paths(template):
+      return None
+    return (f'it holds {paths(saved)}; the state needs {paths(template)}'
+            + _OTHER_CODE)
 
   def load(self, rounds_done: int, template: dict[str, Any]
            ) -> dict[str, Any]:

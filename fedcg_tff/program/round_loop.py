@@ -228,11 +228,15 @@ def run(algorithm: Algorithm,
       algorithm.restore(checkpoint.unpack(state['algorithm'], fresh))
       saved.update(state)
 
+    had_saves = bool(checkpoints.kept_rounds())
     rounds_run = checkpoints.resume(template, restore, log)
     if not rounds_run:
       # Starting over (also after every save was set aside): the fresh
       # state, and no client file of an earlier attempt left to load.
       algorithm.restore(fresh)
+      aside = writer.set_aside() if had_saves and writer else None
+      if aside is not None:
+        log(f'the metrics of the rounds run before were moved to {aside}')
     if rounds_run:
       tracker.load_arrays(saved['loop'])
       since_best = int(saved['loop']['since_best'])

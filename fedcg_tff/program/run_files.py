@@ -7,6 +7,7 @@ import asyncio
 import csv
 import os
 import shutil
+import time
 
 import numpy as np
 import tensorflow_federated as tff
@@ -38,6 +39,25 @@ class MetricsWriter:
                              for m in self._open()))
 
     asyncio.run(release_all())
+
+  def set_aside(self) -> str | None:
+    """Moves the CSV and TensorBoard logs, if any, into a new
+    `earlier_attempt_<time>` directory beside them and returns its path
+    (None: nothing to move). For a run that starts over because none of its
+    saves could be resumed: their record of the rounds run is kept."""
+    present = [p for p in (self.csv_path, self.tensorboard_dir)
+               if os.path.exists(p)]
+    if not present:
+      return None
+    self._managers = None
+    parent = os.path.dirname(self.csv_path)
+    aside = os.path.join(parent, time.strftime('earlier_attempt_%Y%m%d_%H%M%S'))
+    while os.path.exists(aside):
+      aside += '_'
+    os.makedirs(aside)
+    for path in present:
+      os.replace(path, os.path.join(aside, os.path.basename(path)))
+    return aside
 
   def resume_after(self, rounds_done: int) -> None:
     """Keeps the metrics of rounds 1..`rounds_done` only, once each.
