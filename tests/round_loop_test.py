@@ -3,6 +3,7 @@
 import csv
 import glob
 import json
+import os
 
 import numpy as np
 import pytest
@@ -282,6 +283,25 @@ def test_a_save_of_another_state_stops_the_resume_naming_it(tmp_path):
                    patience=9, log=lambda _: None, checkpoints=checkpoints)
   assert checkpoints.kept_rounds() == [1, 2]
   assert not glob.glob(str(tmp_path / 'ckpt' / 'damaged_*'))
+
+
+def test_atomic_writes_sync_the_file_then_its_directory(tmp_path,
+                                                       monkeypatch):
+  """run.json and results.json are written once, as new files: without a
+  sync before the rename a machine that ends can leave them empty."""
+  synced = []
+  sync = os.fsync
+
+  def recording_sync(fd):
+    synced.append(os.readlink(f'/proc/self/fd/{fd}'))
+    sync(fd)
+
+  monkeypatch.setattr(os, 'fsync', recording_sync)
+  path = tmp_path / 'results.json'
+  run_record.write_json_atomically(str(path), {'rounds_run': 3})
+  assert synced == [f'{path}.tmp', str(tmp_path)]
+  assert json.loads(path.read_text()) == {'rounds_run': 3}
+  assert not os.path.exists(f'{path}.tmp')
 
 
 def test_a_save_of_another_structure_stops_the_resume_naming_it(tmp_path):

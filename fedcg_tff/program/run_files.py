@@ -5,12 +5,15 @@ TensorFlow."""
 
 import asyncio
 import csv
+import io
 import os
 import shutil
 import time
 
 import numpy as np
 import tensorflow_federated as tff
+
+from fedcg_tff.program import run_record
 
 
 class MetricsWriter:
@@ -77,12 +80,11 @@ class MetricsWriter:
       fieldnames = reader.fieldnames or ['round']
       rows = [r for r in reader
               if r.get('round') and int(r['round']) <= rounds_done]
-    tmp = f'{self.csv_path}.tmp'
-    with open(tmp, 'w', newline='') as f:
-      writer = csv.DictWriter(f, fieldnames=fieldnames)
-      writer.writeheader()
-      writer.writerows(rows)
-    os.replace(tmp, self.csv_path)
+    text = io.StringIO(newline='')
+    writer = csv.DictWriter(text, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(rows)
+    run_record.write_text_atomically(self.csv_path, text.getvalue())
     shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
     tensorboard = tff.program.TensorBoardReleaseManager(self.tensorboard_dir)
 

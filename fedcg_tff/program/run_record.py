@@ -15,12 +15,21 @@ RESULTS_FILE = 'results.json'  # Written when a run has finished.
 
 
 def write_text_atomically(path: str, text: str) -> None:
-  """Writes `text` to a temporary file and renames it over `path`, so a
-  crash never leaves a half-written file."""
+  """Writes `text` to a temporary file, syncs it, renames it over `path`
+  and syncs the directory: a crash, or a machine that ends, never leaves a
+  half-written or empty file (a rename alone may reach the disk before the
+  data it names), and the file is on disk when this returns."""
   tmp = f'{path}.tmp'
   with open(tmp, 'w') as f:
     f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
   os.replace(tmp, path)
+  fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
 
 
 def write_json_atomically(path: str, value) -> None:
