@@ -160,5 +160,15 @@ def run_fedcg(args: Sequence[str]) -> int:
   with the repository importable; returns its exit code."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
-  return subprocess.call([sys.executable, '-m', 'binaries.run_fedcg',
-                          *args], env=env)
+  child = subprocess.Popen([sys.executable, '-m', 'binaries.run_fedcg',
+                            *args], env=env)
+  try:
+    return child.wait()
+  finally:
+    # This process is ending first (SIGTERM or SIGHUP, which
+    # `execution.runtime` turns into SystemExit, or Ctrl-C): the run ends
+    # too, cleanly, rather than go on as an orphan that a rerun of the
+    # sweep would meet in its directory (`run_record.OutputDirLock`).
+    if child.poll() is None:
+      child.terminate()
+      child.wait()

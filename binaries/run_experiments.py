@@ -33,6 +33,7 @@ from absl import app
 from absl import flags
 
 from binaries import common
+from fedcg_tff.execution import runtime  # pylint: disable=unused-import  # SIGTERM/SIGHUP end the sweep and its run.
 from fedcg_tff.names import ALGORITHMS, TASKS
 
 flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run.')

@@ -473,13 +473,7 @@ def main(argv):
     return
   configure_device()
 
-  # Imports that start TensorFlow come after flag checks: bad flags fail fast.
-  from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.program import round_loop  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.program import client_store  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.program import run_files  # pylint: disable=g-import-not-at-top
-
+  # TensorFlow starts here, after the flag checks: bad flags fail fast.
   # Data first: a missing data set must not leave an output directory.
   task = load_task(config)
   sampling = client_sampling(task.num_clients)
@@ -490,8 +484,23 @@ def main(argv):
   try:
     resuming = run_record.prepare_output_dir(FLAGS.output_dir,
                                              run_definition(config))
+    lock = run_record.OutputDirLock(FLAGS.output_dir)
   except (OSError, ValueError) as e:
     raise app.UsageError(str(e)) from None
+  with lock:
+    _run(config, task, sampling, pool, resuming)
+
+
+def _run(config, task, sampling, pool, resuming):
+  """Trains (or resumes) the run in --output_dir, then writes and prints
+  its results; `main` holds the directory's lock meanwhile."""
+  from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import client_store  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import round_loop  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import run_files  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
+
   results_path = os.path.join(FLAGS.output_dir, run_record.RESULTS_FILE)
   if resuming and os.path.exists(results_path):  # Finished meanwhile.
     with open(results_path) as f:

@@ -5,8 +5,13 @@ import glob
 import io
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
+import psutil
 import pytest
 import tensorflow as tf
 from PIL import Image
@@ -194,6 +199,47 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   assert stops[2] and '1 run(s) failed' in stops[2], stops
   assert '--lr: stored 0.0003, given 0.001' in done.stderr
   assert 'already holds' not in changed
+
+
+def test_terminated_sweep_ends_its_run(tmp_path):
+  """SIGTERM to the sweep alone (`kill <its pid>`) ends its run too, which
+  would otherwise go on as an orphan that a rerun of the sweep meets in the
+  run's directory."""
+  data = tmp_path / 'idx'
+  data.mkdir()
+  fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3',
+             FEDCG_TEST_HOLD_ROUND='1')  # The run waits before round 1.
+  sweep = subprocess.Popen(
+      [sys.executable, '-m', 'binaries.run_experiments',
+       f'--output_dir={tmp_path / "sweep"}', '--algorithms=local',
+       '--tasks=fmnist', '--seeds=1',
+       f'--run_flags=--data_dir={data} --num_clients=2 '
+       '--train_per_client=16 --rounds=1'],
+      cwd=binary_runs.ROOT, env=env, stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True, start_new_session=True)
+  tree = []
+  try:
+    lock = tmp_path / 'sweep' / 'fmnist' / 'local' / 'seed_1' / '.lock'
+    deadline = time.time() + 300
+    while not (lock.exists() and lock.read_text()):  # The run holds it.
+      assert sweep.poll() is None, sweep.stderr.read()[-3000:]
+      assert time.time() < deadline
+      time.sleep(0.1)
+    run = psutil.Process(int(lock.read_text()))
+    tree = [run, *run.children(recursive=True)]
+    sweep.send_signal(signal.SIGTERM)
+    sweep.communicate(timeout=60)
+    assert sweep.returncode == 128 + signal.SIGTERM
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, alive
+  finally:
+    binary_runs.kill_tree(sweep)
+    for process in tree:  # An orphaned run, if the sweep left one.
+      try:
+        process.kill()
+      except psutil.NoSuchProcess:
+        pass
 
 
 def test_sweep_rejects_bad_flags(tmp_path):

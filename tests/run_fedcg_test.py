@@ -437,11 +437,19 @@ def test_terminated_run_stops_promptly_and_resumes_to_the_same_result(
   args = [f'--data_dir={data_dir}', *_FEDAVG_RUN]
   broken = tmp_path / 'broken'
   proc = _start(broken, args, env={'FEDCG_TEST_HOLD_ROUND': '3'})
-  _wait_for(broken / 'checkpoints' / 'round_2', proc)
-  children = psutil.Process(proc.pid).children(recursive=True)
-  assert children  # TFF's worker.
-  proc.send_signal(signal.SIGTERM)
-  proc.communicate(timeout=30)
+  try:
+    _wait_for(broken / 'checkpoints' / 'round_2', proc)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children  # TFF's worker.
+    # A second run in the same directory meanwhile is refused, naming the
+    # first, and changes nothing there.
+    error = _main([f'--output_dir={broken}', *args])
+    assert f'is in use by another run (pid {proc.pid})' in str(error), error
+    assert [r['round'] for r in _metrics_without_timing(broken)] == ['1', '2']
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+  finally:
+    binary_runs.kill_tree(proc)  # Held for 10 minutes if a check failed.
   assert proc.returncode == 128 + signal.SIGTERM
   _, alive = psutil.wait_procs(children, timeout=10)
   assert not alive

@@ -1,12 +1,13 @@
 """A run's output directory before any training: `run.json` (the flags
 that decide the results), whether the directory already holds this run or a
-finished one, and files written atomically.
+finished one, the lock a run holds on it, and files written atomically.
 
 Plain Python, no TensorFlow: a binary asked to rerun a finished run, or to
 put other flags into a run's directory, answers in well under a second
 instead of after TensorFlow's import (a sweep restarted over finished runs
 passes over them at once)."""
 
+import fcntl
 import json
 import os
 
@@ -35,6 +36,39 @@ def write_text_atomically(path: str, text: str) -> None:
 def write_json_atomically(path: str, value) -> None:
   """`value` as indented JSON, written as `write_text_atomically` does."""
   write_text_atomically(path, json.dumps(value, indent=2, default=str))
+
+
+class OutputDirLock:
+  """An exclusive lock on a run's output directory (`flock` on its
+  `.lock` file), held while a run trains there: a second process on the
+  same directory (the same command started twice, or a sweep rerun while
+  an orphaned run of it goes on) would truncate the first one's metrics
+  and delete its newer client files. Raises FileExistsError naming the
+  directory and the holder's pid. The kernel releases the lock when the
+  process ends, however it ends."""
+
+  def __init__(self, output_dir: str):
+    path = os.path.join(output_dir, '.lock')
+    self._file = open(path, 'a+')  # pylint: disable=consider-using-with
+    try:
+      fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      self._file.seek(0)
+      holder = self._file.read().strip() or 'unknown'
+      self._file.close()
+      raise FileExistsError(
+          f'--output_dir {output_dir!r} is in use by another run (pid '
+          f'{holder}): wait for it to end, or stop it, before resuming '
+          'there') from None
+    self._file.truncate(0)
+    self._file.write(str(os.getpid()))
+    self._file.flush()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self._file.close()  # Releases the lock.
 
 
 def prepare_output_dir(output_dir: str, run_definition: dict) -> bool:
