@@ -424,6 +424,48 @@ def test_feddf_distillation_lowers_its_kl():
   np.testing.assert_allclose(teacher.numpy(), direct, atol=1e-4)
 
 
+def test_feddf_distils_from_the_average_not_its_old_model():
+  """FedDF's new global (E, C) is `distill` run from the clients' weighted
+  average, taught by their ensemble on the round's server images, bit for
+  bit. A server that distilled from its previous model, or that ignored
+  the average, fails."""
+  config = dataclasses.replace(TINY, server_steps_per_epoch=2)
+  nets = baselines_tf.PartyNetworks(config)
+  baseline = baselines_tf.BASELINES['feddf']
+  server_images = tf.constant(_arrays(20, 4)[0])
+  draw = lambda net, seed: model_weights.sample_initial(
+      net, tf.constant(seed, tf.int64))
+  collected = {'extractor': _stack([draw(nets.extractor, s)
+                                    for s in (1, 2, 3)]),
+               'classifier': _stack(_confident_classifiers(nets, (1, 2, 3)))}
+  weights = tf.constant([16.0, 24.0, 8.0])
+  averaged = {'extractor': draw(nets.extractor, 9),
+              'classifier': draw(nets.classifier, 10)}
+  state = baselines_tf.initial_server_state(config, baseline, ())
+  new_state, _ = baselines_tf.server_update(
+      nets, baseline, state, (), averaged, collected, weights, server_images)
+
+  ref = baselines_tf.PartyNetworks(config)
+  images = tf.gather(server_images,
+                     baselines_tf.server_data_indices(config, 0, 20))
+  teacher = baselines_tf.feddf_teacher(ref, collected, weights, images)
+  model_weights.assign(ref.extractor, averaged['extractor'])
+  model_weights.assign(ref.classifier, averaged['classifier'])
+  student = lambda x: ref.classifier(ref.extractor(x, training=True),
+                                     training=True)
+  training_tf.distill(ref, state.optimizer_state,
+                      baselines_tf._server_trainables(ref, baseline),  # pylint: disable=protected-access
+                      student, (images,), teacher)
+  for name in ('extractor', 'classifier'):
+    for got, want in zip(new_state.shared[name],
+                         model_weights.values(ref.model(name))):
+      np.testing.assert_array_equal(np.asarray(got), want.numpy())
+  # Two steps of lr 3e-4 stay near the average, far from the old model.
+  new = np.asarray(new_state.shared['classifier'][0])
+  assert np.allclose(new, averaged['classifier'][0], atol=1e-2)
+  assert not np.allclose(new, state.shared['classifier'][0], atol=1e-2)
+
+
 def test_server_data_indices_cover_the_data_and_follow_the_round():
   config = dataclasses.replace(TINY, batch_size=10, server_steps_per_epoch=5)
   a = baselines_tf.server_data_indices(config, 0, 20).numpy()
@@ -500,7 +542,38 @@ def test_fedgen_generator_training_lowers_ensemble_ce():
   after = ensemble_ce()
   assert after < 0.7 * before, (before, after)
   assert ces.shape == (80,)
-  assert float(diversity) > 0
+  # The diversity term's effect: test_fedgen_diversity_weight_spreads_...
+  assert np.isfinite(float(diversity))
+
+
+def test_fedgen_diversity_weight_spreads_the_generator():
+  """The diversity term is in G's loss, scaled by `diversity_weight`: from
+  the same start, a large weight ends with a lower diversity loss (more
+  spread features) than none, and the two generators differ."""
+  outcomes = []
+  for weight in (0.0, 10.0):
+    config = dataclasses.replace(TINY, batch_size=16, lr=3e-3,
+                                 server_steps_per_epoch=30,
+                                 diversity_weight=weight)
+    nets = baselines_tf.PartyNetworks(config)
+    model_weights.assign(nets.generator, model_weights.sample_initial(
+        nets.generator, tf.constant(1, tf.int64)))
+    optimizer_state = training_tf.initial_optimizer_state(
+        training_tf.server_optimizer(config),
+        nets.generator.trainable_variables)
+    tf.function(lambda: baselines_tf.train_generator(
+        nets, optimizer_state,  # pylint: disable=cell-var-from-loop
+        _stack(_confident_classifiers(nets, (4, 5, 6))),  # pylint: disable=cell-var-from-loop
+        tf.constant([1.0, 2.0, 3.0]), tf.constant(0)))()
+    z = tf.random.stateless_normal([64, 100], [7, 7])
+    y = tf.constant(np.tile(np.arange(32) % 10, 2), tf.int32)
+    features = nets.generator([z, y], training=False)
+    outcomes.append((float(baselines_tf.diversity_loss(features, z)),
+                     model_weights.values(nets.generator)[0].numpy()))
+  (without, g_without), (with_term, g_with) = outcomes
+  print(f'diversity loss: weight 0 {without:.4f}, weight 10 {with_term:.4f}')
+  assert with_term < 0.8 * without, (without, with_term)
+  assert not np.allclose(g_without, g_with)
 
 
 def test_diversity_loss_rewards_spread():
