@@ -197,6 +197,25 @@ def test_sample_initial_weights_seeded(builder):
       np.testing.assert_array_equal(t.numpy(), 1.0)
     elif 'beta' in name or 'moving_mean' in name:
       np.testing.assert_array_equal(t.numpy(), 0.0)
+  # Random ones with their initialiser's parameters (the GAN's N(0, 0.02)
+  # kernels, N(1, 0.02) gammas; LeNet's uniform bounds), not a default.
+  initializers = model_weights._initializer_by_variable(model)  # pylint: disable=protected-access
+  checked = 0
+  for v, t in zip(model.weights, a):
+    config = initializers[id(v)].get_config() if id(v) in initializers else {}
+    t = t.numpy().ravel()
+    if t.size < 256:
+      continue
+    if 'stddev' in config:
+      assert abs(t.mean() - config['mean']) < 5 * config['stddev'] / np.sqrt(
+          t.size), (v.name, t.mean(), config)
+      assert t.std() == pytest.approx(config['stddev'], rel=0.2), v.name
+      checked += 1
+    elif 'minval' in config:
+      assert config['minval'] <= t.min() and t.max() <= config['maxval']
+      assert t.max() - t.min() > 0.9 * (config['maxval'] - config['minval'])
+      checked += 1
+  assert checked, 'no weight drawn from a normal or uniform initialiser'
 
 
 def test_weight_values_roundtrip():
