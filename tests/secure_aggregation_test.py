@@ -51,8 +51,15 @@ def test_mean_goes_through_the_secure_sum_and_matches_the_plain_mean():
     tolerance = (len(values) * bound / 2**32 + float_rounding) / sum(weights)
     np.testing.assert_allclose(out.result[part], plain, rtol=0,
                                atol=tolerance)
-    assert not np.array_equal(out.result[part], plain)  # It was quantised.
   assert out.measurements['mean_value']['secure_upper_clipped_count'] == 0
+  # With a coarse bound (a step of 1/8 in n_i * value) the quantisation is
+  # well above float32 rounding (~6e-8 here), and within its bound: the
+  # values went through the integer sum.
+  coarse = 2.0**28
+  _, out = _secure_mean(coarse, values, weights)
+  error = np.abs(out.result[0] - np.average(
+      [v[0] for v in values], axis=0, weights=weights))
+  assert 1e-6 < error.max() <= len(values) * coarse / 2**32 / sum(weights)
 
 
 def test_values_beyond_the_bound_are_clipped_and_counted():
