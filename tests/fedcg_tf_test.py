@@ -46,7 +46,7 @@ def test_gamma_ramp(round_num, expected):
 
 
 def test_feature_distances():
-  f = tf.random.uniform([4, 5, 5, 16])
+  f = tf.random.stateless_uniform([4, 5, 5, 16], [8, 0])
   assert float(fedcg_tf.feature_distance('mse', f, f)) == 0.0
   assert float(fedcg_tf.feature_distance('cos', f, f)) == pytest.approx(
       0.0, abs=1e-6)
@@ -104,7 +104,7 @@ def test_stage1_dist_term_pulls_features_to_generator(distance):
   x, y = _batch(16)
   ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
   state = fedcg_tf.initial_client_state(config, 1)
-  z = tf.random.normal([16, 100], seed=1)
+  z = tf.random.stateless_normal([16, 100], [1, 0])
 
   def dist():
     return float(fedcg_tf.feature_distance(
@@ -218,9 +218,9 @@ def test_stage2_generator_moving_averages_as_the_original_two_passes():
 def test_distillation_lowers_kl_on_fixed_noise():
   config = dataclasses.replace(TINY, batch_size=16, lr=1e-3)
   nets = _nets(config)
-  z = tf.random.normal([16, 100], seed=4)
+  z = tf.random.stateless_normal([16, 100], [4, 0])
   y = tf.constant(np.arange(16) % 10, tf.int32)
-  teacher = tf.random.normal([16, 10], seed=5) * 3.0
+  teacher = tf.random.stateless_normal([16, 10], [5, 0]) * 3.0
 
   def kl():
     student = nets.classifier(nets.generator([z, y], training=False))
@@ -268,7 +268,7 @@ def test_distillation_inputs_seeded_by_round():
 
 def test_chunked_logits_match_one_pass():
   nets = _nets(TINY)
-  z = tf.random.normal([10, 100], seed=6)
+  z = tf.random.stateless_normal([10, 100], [6, 0])
   y = tf.constant(np.arange(10), tf.int32)
   full = nets.classifier(nets.generator([z, y], training=False))
   chunked = training_tf.chunked_logits(
@@ -332,7 +332,7 @@ def test_server_update_advances_round():
   state = fedcg_tf.ServerState(state.generator, state.classifier,
                                state.optimizer_state, (), tf.constant(5))
   z, y = fedcg_tf.distillation_inputs(TINY, 5)
-  teacher = tf.random.normal([TINY.distill_samples, 10])
+  teacher = tf.random.stateless_normal([TINY.distill_samples, 10], [7, 0])
   upload = fedcg_tf.ClientUpload(state.generator, state.classifier, teacher)
   new, metrics = fedcg_tf.server_update(nets, state, (), upload, z, y)
   assert int(new.round_num) == 6
