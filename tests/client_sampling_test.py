@@ -382,12 +382,20 @@ def test_memory_bound_and_evaluation_of_unchanged_clients(process,
   disk.run_round(0, _train_data(0))
   first = disk.evaluate(*eval_data)  # All 52, 5 at a time.
   results = {}
+  evaluated = []  # The clients each evaluation loaded.
+  evaluate = disk.process.evaluate
+  disk.process.evaluate = lambda states, val, test: (
+      evaluated.append(len(states)), evaluate(states, val, test))[1]
 
   def round_and_evaluations():
     disk.run_round(1, _train_data(1))
+    evaluated.clear()
     results['reused'] = disk.evaluate(*eval_data)  # Round 2's 5 clients.
+    results['reused_count'] = sum(evaluated)
+    evaluated.clear()
     # New dataset objects (same contents): every client is evaluated again.
     results['fresh'] = disk.evaluate(*_eval_data())
+    results['fresh_count'] = sum(evaluated)
 
   disk_peak = _heap_peak(round_and_evaluations)
   print(f'state {state_bytes} B; all {NUM_CLIENTS}: {every_state} B; '
@@ -398,6 +406,9 @@ def test_memory_bound_and_evaluation_of_unchanged_clients(process,
   assert disk_peak < 4 * PER_ROUND * state_bytes < every_state, disk_peak
   assert disk.client_store.max_loaded == PER_ROUND
   assert results['reused'] == results['fresh']
+  # Only the round's clients were evaluated again, then every client.
+  assert results['reused_count'] == PER_ROUND
+  assert results['fresh_count'] == NUM_CLIENTS
   sampled = disk.sample_clients(1)
   for now, then in zip(results['fresh'], first):
     assert [now[i] for i in range(NUM_CLIENTS) if i not in sampled] == [
