@@ -12,7 +12,8 @@ writing to `<output_dir>/<task>/<algorithm>/seed_<seed>` (without the
 skips a finished run, resumes an unfinished one from its last completed
 round and refuses a directory that holds a run with other flags, so
 rerunning the same command after an interruption continues the sweep, and
-a changed --run_flags cannot mix old results into the table. Then
+a changed --run_flags cannot mix old results into the table (a refused or
+failed run is left out of it). Then
 `results.md` and `results.csv` (mean ± std over seeds of the mean over
 clients of the test accuracy at each client's best-validation round), one
 `paper_<task>.md` per task the paper's Table 1 has (ours beside the
@@ -88,7 +89,7 @@ def main(argv):
   if FLAGS.report_only:
     write_reports(runs)
     return
-  failed = []
+  failed, failed_runs = [], set()
   started = time.monotonic()
   for n, (task, algorithm, seed) in enumerate(runs, 1):
     directory = run_dir(task, algorithm, seed)
@@ -99,18 +100,26 @@ def main(argv):
                              *extra])
     if code:
       failed.append((label, code))
+      failed_runs.add((task, algorithm, seed))
       print(f'{label}: failed with exit code {code}', flush=True)
   print(f'sweep: {len(runs)} runs, {time.monotonic() - started:.0f}s',
         flush=True)
-  write_reports(runs)
+  if failed:
+    # A run refused for other flags may hold an older finished result:
+    # it must not enter this sweep's tables.
+    print('left out of the report: ' + '; '.join(l for l, _ in failed),
+          flush=True)
+  write_reports([r for r in runs if r not in failed_runs])
   if failed:
     raise SystemExit(f'{len(failed)} run(s) failed: ' +
                      '; '.join(f'{l} (exit {c})' for l, c in failed))
 
 
 def write_reports(runs) -> None:
-  """results.md, results.csv, gain_<task>.png and TensorBoard images from
-  every finished run of the sweep."""
+  """results.md, results.csv, paper_<task>.md, the charts and their
+  TensorBoard images from the finished runs among `runs` (those with a
+  results.json: a run still going, or one that stopped on a fault, is in
+  neither the tables nor the curves)."""
   # Imported here: TensorFlow starts only once the runs are done.
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -148,7 +157,8 @@ def write_reports(runs) -> None:
       of_runs = [report.load_curves(os.path.join(run_dir(t, a, s),
                                                  'metrics.csv'))
                  for t, a, s in runs if t == task and a == algorithm and
-                 os.path.exists(os.path.join(run_dir(t, a, s), 'metrics.csv'))]
+                 os.path.exists(os.path.join(run_dir(t, a, s),
+                                             'results.json'))]
       if of_runs:
         curves[algorithm] = report.mean_curves(of_runs)
     if curves:

@@ -199,6 +199,9 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   assert stops[2] and '1 run(s) failed' in stops[2], stops
   assert '--lr: stored 0.0003, given 0.001' in done.stderr
   assert 'already holds' not in changed
+  # Its earlier result stays out of this sweep's tables.
+  assert 'left out of the report: [1/1] fmnist local seed 3' in changed
+  assert 'no finished run to report' in changed, changed
 
 
 def test_terminated_sweep_ends_its_run(tmp_path):
