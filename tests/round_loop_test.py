@@ -4,6 +4,7 @@ import csv
 import glob
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -50,6 +51,25 @@ def test_tracker_keeps_test_at_best_validation():
   assert t.mean_test == pytest.approx(0.675)
   table = t.table()
   assert '65.00' in table and '70.00' in table and '67.50' in table
+
+
+def test_eta_counts_writing_the_round_out(tmp_path):
+  """The ETA's rounds include writing the metrics and the checkpoint, which
+  the recorded round times leave out."""
+
+  class SlowWriter(run_files.MetricsWriter):
+    def write(self, round_num, scalars):
+      time.sleep(1.0)
+      super().write(round_num, scalars)
+
+  lines = []
+  result = round_loop.run(
+      _ScriptedAlgorithm([[0.1], [0.2], [0.3]], [[0.1], [0.2], [0.3]]),
+      lambda r: [r], [None], [None], max_rounds=3, patience=9,
+      writer=SlowWriter(str(tmp_path)), log=lines.append,
+      checkpoints=checkpoint.Checkpoints(str(tmp_path / 'ckpt')))
+  assert max(result.round_seconds) < 0.5
+  assert 'ETA <= 0m02s' in lines[0], lines  # Two rounds left, 1 s each.
 
 
 def test_time_left_is_at_the_median_round():

@@ -244,6 +244,9 @@ def run(algorithm: Algorithm,
       log(f'resuming after round {rounds_run} (checkpoint in '
           f'{checkpoints.directory})')
   resumed_from = rounds_run
+  # Each round's time to its saved checkpoint, for the ETA: `round_seconds`
+  # (the record) leave out writing the metrics and the checkpoint.
+  until_saved = []
   if writer is not None:
     writer.resume_after(rounds_run)
   if rounds_run and since_best >= patience:
@@ -274,12 +277,13 @@ def run(algorithm: Algorithm,
       checkpoints.save(rounds_run, {
           'algorithm': packed,
           'loop': _loop_state(tracker, since_best, round_seconds)})
+    until_saved.append(time.perf_counter() - start)
 
     log(f'round {rounds_run}/{max_rounds} | '
         f'val {100 * np.mean(val):.2f}% test {100 * np.mean(test):.2f}% | '
         f'best-val test {100 * tracker.mean_test:.2f}% | '
         f'{elapsed:.1f}s | ETA <= '
-        f'{time_left(round_seconds, max_rounds - rounds_run)} '
+        f'{time_left(until_saved, max_rounds - rounds_run)} '
         f'({since_best}/{patience} rounds without a new best)')
     if since_best >= patience:
       return RunResult(tracker, rounds_run, True, round_seconds, resumed_from)
