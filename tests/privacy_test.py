@@ -274,6 +274,26 @@ def test_epsilon_follows_noise_rounds_and_the_rdp_bound():
                    np.log(1 / delta) / (orders - 1))
   assert e[1.0] <= classic + 1e-6
   assert e[1.0] > 0.5 * classic
+
+  # Exactly the improved conversion (Balle et al. 2020, dp-accounting's)
+  # of the Gaussian's RDP, T a / (2 z^2), over the accountant's orders:
+  # eps = min_a RDP(a) + log1p(-1/a) - (log(delta) + log(a)) / (a - 1).
+  def by_hand(rdp_per_round, rounds, delta):
+    a = np.asarray(dp.RDP_ORDERS)
+    return float(np.min(rounds * rdp_per_round(a) + np.log1p(-1 / a) -
+                        (np.log(delta) + np.log(a)) / (a - 1)))
+
+  gaussian = lambda z: (lambda a: a / (2 * z**2))
+  for sigma, clip, rounds, delta in ((1.0, 1.0, 10, 1e-5),
+                                     (1.0, 1.0, 10, 1e-3),
+                                     (0.3, 0.5, 3, 1e-6)):
+    assert dp.epsilon(sigma, clip, rounds, delta) == pytest.approx(
+        by_hand(gaussian(sigma / clip), rounds, delta), rel=1e-9)
+  # DP-FedCG: three mechanisms a round, G's and C's updates (z = sigma /
+  # clip) and the teacher logits (z = sigma / teacher_clip).
+  three = lambda a: 2 * gaussian(2.0)(a) + gaussian(0.5)(a)
+  assert dp.fedcg_epsilon(1.0, 0.5, 2.0, 7, delta=1e-3) == pytest.approx(
+      by_hand(three, 7, 1e-3), rel=1e-9)
   with pytest.raises(ValueError, match='dp_clip'):
     dp.epsilon(0.1, 0.0, 1)
   with pytest.raises(ValueError, match='dp_delta'):
