@@ -4,6 +4,7 @@ import csv
 import glob
 import json
 import os
+import shutil
 import time
 
 import numpy as np
@@ -285,6 +286,37 @@ def test_pack_and_unpack_round_trip():
     checkpoint.unpack(packed, (structure[0], [np.ones(1, np.float32)]))
 
 
+def test_a_damaged_key_in_a_save_is_damage_not_another_state(tmp_path):
+  """TF does not checksum a SavedModel's proto: a garbled byte in one of its
+  names (each place 'since_best' is written, in turn) reads back as another
+  key, fails to bind a variable, or does no harm. The save is then set
+  aside and the run resumes from the one before, or resumes from it: it is
+  never stopped as a save of another version of the code."""
+  base = tmp_path / 'base'
+  round_loop.run(_ScriptedAlgorithm([[0.1], [0.2]], [[0.1], [0.2]]),
+                 lambda r: [r], [None], [None], max_rounds=2, patience=9,
+                 log=lambda _: None,
+                 checkpoints=checkpoint.Checkpoints(str(base / 'ckpt')))
+  proto = (base / 'ckpt' / 'round_2' / 'saved_model.pb').read_bytes()
+  places = [i for i in range(len(proto)) if proto.startswith(b'since_best', i)]
+  assert len(places) > 2
+  resumed = set()
+  for k, i in enumerate(places):
+    run = tmp_path / f'damaged_{k}'
+    shutil.copytree(base, run)
+    (run / 'ckpt' / 'round_2' / 'saved_model.pb').write_bytes(
+        proto[:i + 3] + b'`' + proto[i + 4:])
+    lines = []
+    result = round_loop.run(
+        _ScriptedAlgorithm([[0.1]] * 3, [[0.1]] * 3), lambda r: [r], [None],
+        [None], max_rounds=3, patience=9, log=lines.append,
+        checkpoints=checkpoint.Checkpoints(str(run / 'ckpt')))
+    resumed.add(result.resumed_from)
+    if result.resumed_from == 1:
+      assert 'the saved state of round 2 (' in lines[0], lines
+  assert resumed == {1, 2}, resumed  # Harmless places, and caught ones.
+
+
 def test_atomic_writes_sync_the_file_then_its_directory(tmp_path,
                                                        monkeypatch):
   """run.json and results.json are written once, as new files: without a
@@ -332,6 +364,9 @@ def test_a_save_of_another_state_stops_the_resume_naming_it(tmp_path,
                    patience=9, log=lambda _: None, checkpoints=checkpoints)
   assert checkpoints.kept_rounds() == [1, 2]
   assert not glob.glob(str(tmp_path / 'ckpt' / 'damaged_*'))
+  if weights.dtype == np.float64:  # So do the inspection tools' loads.
+    with pytest.raises(checkpoint.StateMismatch, match='algorithm/float64'):
+      round_loop.saved_algorithm_state(this, checkpoints, 2, 1)
 
 
 if __name__ == '__main__':

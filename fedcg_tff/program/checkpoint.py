@@ -56,10 +56,13 @@ class StateMismatch(ValueError):
 # What reading a damaged file raises: TF's checksum and format errors
 # (DataLossError and the other OpErrors), a broken protobuf or zip (a
 # garbled compression-method byte: NotImplementedError), short or garbled
-# arrays (a garbled shape: OverflowError or MemoryError).
+# arrays (a garbled shape: OverflowError or MemoryError), a SavedModel
+# whose object names no longer bind to its variables (a garbled byte in
+# the proto, which TF does not checksum: AssertionError).
 READ_ERRORS = (tf.errors.OpError, protobuf_message.DecodeError, ValueError,
                OSError, KeyError, EOFError, zipfile.BadZipFile,
-               NotImplementedError, OverflowError, MemoryError, DamagedState)
+               NotImplementedError, OverflowError, MemoryError, AssertionError,
+               DamagedState)
 
 
 def describe_error(error: BaseException) -> str:
@@ -110,6 +113,29 @@ def unpack(packed: dict[str, np.ndarray], template: Any) -> Any:
 # fall back on when the newest is damaged). `client_store.DiskClientStore`
 # keeps one client version more, for the round in flight.
 KEPT_SAVES = 2
+
+
+def _plausible(saved: Any, template: Any) -> bool:
+  """Whether `saved`, a save's structure read back on its own, could be
+  this code's kind of save: the template's parts, each with the template's
+  keys or with packed dtype groups (keys that are dtype names). TF does
+  not check the SavedModel's own proto when it loads, so a damaged byte in
+  a key reads back as another key: that is damage, not another version's
+  state."""
+  def dtype_name(key):
+    try:
+      np.dtype(key)
+    except TypeError:
+      return False
+    return True
+
+  if not (isinstance(saved, dict) and isinstance(template, dict)
+          and saved.keys() == template.keys()):
+    return False
+  return all(
+      isinstance(value, dict) and isinstance(template[part], dict) and
+      (value.keys() == template[part].keys() or all(map(dtype_name, value)))
+      for part, value in saved.items())
 
 
 class Checkpoints:
@@ -205,7 +231,7 @@ class Checkpoints:
     paths = lambda s: ', '.join(
         '/'.join(str(k) for k in path) for path, _ in
         tree.flatten_with_path(s))
-    if paths(saved) == paths(template):
+    if paths(saved) == paths(template) or not _plausible(saved, template):
       return None
     return (f'it holds {paths(saved)}; the state needs {paths(template)}'
             + _OTHER_CODE)
@@ -214,7 +240,8 @@ class Checkpoints:
            ) -> dict[str, Any]:
     """The state saved after `rounds_done` rounds, read against
     `template`, for tools that inspect a run (nothing is set aside).
-    Raises ValueError naming the kept rounds if that save is not kept, and
+    Raises ValueError naming the kept rounds if that save is not kept,
+    `StateMismatch` if it holds a state of another structure, and
     `DamagedState` naming its directory if it cannot be read."""
     versions = self.kept_rounds()
     if rounds_done not in versions:
@@ -223,6 +250,9 @@ class Checkpoints:
     try:
       state = asyncio.run(self._manager.load(rounds_done, template))
     except READ_ERRORS as e:
+      other = self._other_structure(rounds_done, template, e)
+      if other is not None:
+        raise StateMismatch(f'{self.path(rounds_done)}: {other}') from None
       raise DamagedState(f'{self.path(rounds_done)}: '
                          f'{describe_error(e)}') from e
     return tf.nest.map_structure(np.asarray, state)
