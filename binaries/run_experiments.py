@@ -126,6 +126,15 @@ def write_reports(runs) -> None:
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
 
+  # An earlier invocation's reports go first: one this invocation does not
+  # write again (no finished run, no Local for the gains) would otherwise
+  # still show runs it left out.
+  output_dir = os.path.abspath(FLAGS.output_dir)
+  for name in ['results.md', 'results.csv'] + [
+      f'{kind}_{task}.{ext}' for task in FLAGS.tasks
+      for kind, ext in (('paper', 'md'), ('curves', 'png'), ('gain', 'png'))]:
+    if os.path.exists(os.path.join(output_dir, name)):
+      os.remove(os.path.join(output_dir, name))
   results = []
   for task, algorithm, seed in runs:
     path = os.path.join(run_dir(task, algorithm, seed), 'results.json')
@@ -138,16 +147,14 @@ def write_reports(runs) -> None:
   markdown = report.markdown(rows)
   for name, text in (('results.md', markdown),
                      ('results.csv', report.csv_text(rows))):
-    run_record.write_text_atomically(
-        os.path.join(os.path.abspath(FLAGS.output_dir), name), text)
+    run_record.write_text_atomically(os.path.join(output_dir, name), text)
   print('\nTest accuracy (%) at best validation, mean ± std over seeds '
         '(seeds):\n' + markdown)
   for task in FLAGS.tasks:
     beside = report.paper_markdown(rows, results, task)
     if beside:
       run_record.write_text_atomically(
-          os.path.join(os.path.abspath(FLAGS.output_dir), f'paper_{task}.md'),
-          beside)
+          os.path.join(output_dir, f'paper_{task}.md'), beside)
       print(f'Beside the paper\'s Table 1:\n{beside}')
   writer = tf.summary.create_file_writer(
       os.path.join(FLAGS.output_dir, 'tensorboard'))

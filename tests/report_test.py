@@ -202,6 +202,7 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   # Its earlier result stays out of this sweep's tables.
   assert 'left out of the report: [1/1] fmnist local seed 3' in changed
   assert 'no finished run to report' in changed, changed
+  assert not (tmp_path / 'sweep' / 'results.md').exists()  # Not the old one.
 
 
 def test_terminated_sweep_ends_its_run(tmp_path):
