@@ -164,11 +164,29 @@ def run_fedcg(args: Sequence[str]) -> int:
                             *args], env=env)
   try:
     return child.wait()
-  finally:
+  except BaseException as e:
     # This process is ending first (SIGTERM or SIGHUP, which
     # `execution.runtime` turns into SystemExit, or Ctrl-C): the run ends
     # too, cleanly, rather than go on as an orphan that a rerun of the
     # sweep would meet in its directory (`run_record.OutputDirLock`).
-    if child.poll() is None:
-      child.terminate()
-      child.wait()
+    # Ctrl-C reached the run too: it is given time to stop on its own
+    # before a SIGTERM would cut its exit short.
+    _end(child, grace=_CHILD_STOP_SECONDS if isinstance(
+        e, KeyboardInterrupt) else 0)
+    raise
+
+
+_CHILD_STOP_SECONDS = 60
+
+
+def _end(child: subprocess.Popen, grace: float) -> None:
+  """Waits `grace` seconds for `child` to end, then terminates it, and
+  kills it if it is still there _CHILD_STOP_SECONDS later."""
+  for stop in (None, child.terminate, child.kill):
+    if stop is not None:
+      stop()
+    try:
+      child.wait(timeout=grace)
+      return
+    except subprocess.TimeoutExpired:
+      grace = _CHILD_STOP_SECONDS

@@ -542,7 +542,7 @@ def _run(config, task, sampling, pool, resuming):
              'in a new --output_dir; this save was left in place.')
   except client_store.MissingState as e:
     sys.exit(f'Cannot resume: {e}. Restore the client_states files, or '
-             'start in a new --output_dir; nothing was changed.')
+             'start in a new --output_dir; no client file was deleted.')
   except round_loop.NumericalFault as e:
     good = checkpoints.latest_round()
     sys.exit(f'Numerical fault: {e}. The run stopped; rounds 1-{good} are '

@@ -548,27 +548,35 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
 
 def test_resume_stops_when_a_trained_client_has_no_state(process, tmp_path):
   """A client trained before the checkpoint whose files are gone would
-  silently restart from its initial state: the resume stops naming it, with
-  every save left in place."""
+  silently restart from its initial state: the resume stops naming it and
+  the round it was first sampled in (here 2 of 4 clients a round), with
+  every save and every other client file left in place."""
   val, test = _eval_data(4)
   ckpt = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
 
   def run(rounds):
-    driver = _driver(process, str(tmp_path / 'states'), None, 4)
-    return round_loop.run(driver, lambda r: _train_data(r, num_clients=4),
-                          val, test, max_rounds=rounds, patience=9,
-                          log=lambda _: None, checkpoints=ckpt)
+    driver = _driver(process, str(tmp_path / 'states'), 2, 4)
+    return driver, round_loop.run(
+        driver, lambda r: _train_data(r, num_clients=4), val, test,
+        max_rounds=rounds, patience=9, log=lambda _: None, checkpoints=ckpt)
 
-  run(2)
-  for path in (tmp_path / 'states').glob('client_00001.*'):
+  driver, _ = run(3)
+  first = {}
+  for r in range(3):
+    for i in driver.sample_clients(r):
+      first.setdefault(i, r + 1)
+  client = max(first, key=first.get)  # The latest first-sampled client.
+  assert first[client] > 1
+  for path in (tmp_path / 'states').glob(f'client_{client:05d}.*'):
     path.unlink()
+  files = sorted((tmp_path / 'states').glob('client_*.npz'))
   with pytest.raises(client_store.MissingState,
-                     match=r'client 1 was trained in round 1, but .*states '
-                           r'holds no state of it for the checkpoint of '
-                           r'round 2'):
-    run(3)
-  assert ckpt.kept_rounds() == [1, 2]
-  assert len(list((tmp_path / 'states').glob('client_*.npz'))) == 6
+                     match=rf'client {client} was trained in round '
+                           rf'{first[client]}, but .*states holds no state '
+                           r'of it for the checkpoint of round 3'):
+    run(4)
+  assert ckpt.kept_rounds() == [2, 3]
+  assert sorted((tmp_path / 'states').glob('client_*.npz')) == files
 
 
 # ---------------------------------------------------------------------------

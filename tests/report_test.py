@@ -205,10 +205,11 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   assert not (tmp_path / 'sweep' / 'results.md').exists()  # Not the old one.
 
 
-def test_terminated_sweep_ends_its_run(tmp_path):
+@pytest.mark.parametrize('how', ['sigterm_to_the_sweep', 'ctrl_c'])
+def test_terminated_sweep_ends_its_run(tmp_path, how):
   """SIGTERM to the sweep alone (`kill <its pid>`) ends its run too, which
   would otherwise go on as an orphan that a rerun of the sweep meets in the
-  run's directory."""
+  run's directory; Ctrl-C (SIGINT to both) lets the run end by itself."""
   data = tmp_path / 'idx'
   data.mkdir()
   fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
@@ -232,9 +233,14 @@ def test_terminated_sweep_ends_its_run(tmp_path):
       time.sleep(0.1)
     run = psutil.Process(int(lock.read_text()))
     tree = [run, *run.children(recursive=True)]
-    sweep.send_signal(signal.SIGTERM)
-    sweep.communicate(timeout=60)
-    assert sweep.returncode == 128 + signal.SIGTERM
+    if how == 'ctrl_c':
+      os.killpg(sweep.pid, signal.SIGINT)  # Its session: it and the run.
+      sweep.communicate(timeout=60)
+      assert sweep.returncode != 0
+    else:
+      sweep.send_signal(signal.SIGTERM)
+      sweep.communicate(timeout=60)
+      assert sweep.returncode == 128 + signal.SIGTERM
     _, alive = psutil.wait_procs(tree, timeout=30)
     assert not alive, alive
   finally:

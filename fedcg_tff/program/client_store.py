@@ -34,13 +34,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fedcg_tff.program import checkpoint
+from fedcg_tff.program import run_record
 
 
 class MissingState(RuntimeError):
   """A client trained before the round a run resumes from has no stored
   state: resuming would silently give it its initial one. Not damage that
   an older checkpoint could mend (its states would be older still): the run
-  stops, naming the client, and every file stays where it is."""
+  stops, naming the client, before any client file is deleted."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +212,7 @@ class DiskClientStore:
       if rounds_done not in versions:
         versions.append(rounds_done)
         versions.sort()
-    self._sync_directory()
+    run_record.sync_directory(self.directory)
     for i in ids:
       versions = self._versions[i]
       while len(versions) > self.KEEP:
@@ -253,9 +254,11 @@ class DiskClientStore:
 
   def require(self, trained: dict[int, int], rounds_done: int) -> None:
     """Raises `MissingState` naming the first client of `trained` (client
-    -> the first round it was trained in) that has no stored state."""
+    -> the first round it was trained in) that has no stored state of
+    `rounds_done` completed rounds or earlier. Deletes nothing: call it
+    before `discard_after`."""
     for client, first in sorted(trained.items()):
-      if not self._versions.get(client):
+      if not any(v <= rounds_done for v in self._versions.get(client, [])):
         raise MissingState(
             f'client {client} was trained in round {first}, but '
             f'{self.directory} holds no state of it for the checkpoint of '
@@ -268,10 +271,3 @@ class DiskClientStore:
     for i, versions in self._versions.items():
       while versions and versions[-1] > rounds_done:
         os.remove(self.path(i, versions.pop()))
-
-  def _sync_directory(self) -> None:
-    fd = os.open(self.directory, os.O_RDONLY)
-    try:
-      os.fsync(fd)
-    finally:
-      os.close(fd)

@@ -181,9 +181,9 @@ class Driver:
       # every client's state for this round must read back (else
       # checkpoint.DamagedState, and an older checkpoint is tried).
       rounds_done = int(self.server_state.round_num)
+      self._store.require(self._trained_before(rounds_done), rounds_done)
       self._store.discard_after(rounds_done)
       self._store.check()
-      self._store.require(self._trained_before(rounds_done), rounds_done)
     else:
       self._store.restore_all(list(client_states))
 

@@ -26,7 +26,12 @@ def write_text_atomically(path: str, text: str) -> None:
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
-  fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+  sync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+def sync_directory(directory: str) -> None:
+  """Makes the renames and new files in `directory` durable (fsync)."""
+  fd = os.open(directory, os.O_RDONLY)
   try:
     os.fsync(fd)
   finally:
