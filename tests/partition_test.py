@@ -48,10 +48,14 @@ def test_dirichlet_sums_up_is_seeded_and_skews_with_small_alpha():
            for a in (0.1, 1.0, 100.0)}
   assert skews[0.1] > skews[1.0] > skews[100.0]
   assert skews[100.0] < 0.2 and skews[0.1] > 0.3
-  # Validation and test follow the client's label distribution.
-  big = clients[int(np.argmax(sizes))]
-  top = np.bincount(train[big.train], minlength=10).argmax()
-  assert np.bincount(test[big.test], minlength=10).argmax() == top
+  # Validation and test follow each client's label distribution: their
+  # histograms lie within 0.1 in total variation of its training one
+  # (0.02-0.045 here; a uniform split of either gives 0.2-0.5).
+  histogram = lambda labels: np.bincount(labels, minlength=10) / len(labels)
+  for c in clients:
+    own = histogram(train[c.train])
+    for held_out in (c.val, c.test):
+      assert 0.5 * np.abs(histogram(test[held_out]) - own).sum() < 0.1
 
 
 def test_dirichlet_rejects_bad_alpha_and_empty_clients():
