@@ -80,6 +80,28 @@ def test_dp_noise_of_std_0_1_drops_the_recovery(unprotected):
   assert result.matching_loss > 0.1
 
 
+def test_dp_clips_the_shared_gradient_and_the_attacker_clips_alike():
+  """Under DP the client's gradient (E and C together) is clipped to the
+  clip's global norm before the noise, and the attacker clips its dummy
+  gradients the same way: with negligible noise, the true image and label
+  then match the observation exactly; unclipped they would not."""
+  threat = dlg_tf.threat_model('fedavg_dp', 1e-9, 1.0)
+  client = dlg_tf.round_one_networks(CONFIG, threat, CLIENT_SEED)
+  image, label = _test_image(), np.array([3], np.int32)
+  norm = lambda observation: float(np.sqrt(sum(
+      np.sum(np.square(g)) for part in observation.gradients.values()
+      for g in part)))
+  clean = dlg_tf.observe(CONFIG, dlg_tf.threat_model('fedavg'), client,
+                         image, label)
+  seen = dlg_tf.observe(CONFIG, threat, client, image, label)
+  assert norm(clean) > 2.0 and norm(seen) == pytest.approx(1.0, rel=1e-4)
+  matcher = dlg_tf._matcher(CONFIG, threat, 1, False)  # pylint: disable=protected-access
+  matcher.load(seen, seen.weights['extractor'], label)
+  objective, _ = matcher.value_and_gradient(
+      tf.constant(image.ravel(), tf.float64))
+  assert float(objective) < 1e-6, float(objective)
+
+
 def test_fedcg_attacker_recovers_little_through_a_stand_in_extractor(
     unprotected):
   psnr, _, _ = _attack('fedcg_private')
@@ -257,6 +279,14 @@ def test_gaussian_mechanism_clips_then_adds_noise_of_std_sigma():
   assert float(tf.norm(clipped[0])) == pytest.approx(2.5, rel=1e-5)
   small = (tf.fill([4], 0.1),)
   np.testing.assert_allclose(dp.gaussian_mechanism(small, 0.0, 2.5)[0], 0.1)
+  # Every tensor is noised, and the clip is on the record's global norm:
+  # parts of norms 3 and 4 (5 together) clipped to 1 keep their ratio.
+  assert float(tf.math.reduce_std(noised['b'][0])) == pytest.approx(
+      0.1, rel=0.1)
+  parts = dp.gaussian_mechanism((tf.fill([9], 1.0), tf.fill([16], 1.0)),
+                                0.0, 1.0)
+  np.testing.assert_allclose([float(tf.norm(p)) for p in parts], [0.6, 0.8],
+                             rtol=1e-5)
 
 
 def test_epsilon_follows_noise_rounds_and_the_rdp_bound():
