@@ -147,6 +147,23 @@ def test_client_pipelines_run_without_autotuning_and_same_elements(
   assert list(three.as_numpy_iterator()) == [0, 1, 2]
 
 
+def test_inputs_too_large_to_cache_are_prepared_each_pass_the_same_way(
+    monkeypatch):
+  """Past MAX_CACHE_BYTES (224x224 ResNet inputs) conversion, resizing and
+  normalisation run inside every pass instead of once: the batches must be
+  those of the cached pipeline (noise after normalisation, then flips)."""
+  rng = np.random.default_rng(2)
+  x = rng.integers(0, 256, (20, 28, 28, 1)).astype(np.uint8)
+  task = _task(x, np.arange(20, dtype=np.int32), mean=(0.5,), std=(0.5,),
+               noise_stds=(0.3,))
+  cached = _epoch(task.train_datasets(2, 8)[0])
+  monkeypatch.setattr(image_task, 'MAX_CACHE_BYTES', 0)
+  uncached = _epoch(task.train_datasets(2, 8)[0])
+  for (a, la), (b, lb) in zip(cached, uncached, strict=True):
+    np.testing.assert_array_equal(la, lb)
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 def test_autotuning_stays_off_in_what_tff_sends_to_a_worker():
   # A worker rebuilds each client's dataset from the GraphDef TFF serialises
   # (value_serialization's private helper is what TFF 0.87 calls); the
