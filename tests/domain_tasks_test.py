@@ -10,6 +10,7 @@ import tensorflow as tf
 from tasks import cifar10
 from tasks import digit5
 from tasks import domainnet
+from tasks import image_folder
 from tasks import office_caltech10
 from tasks import pooled
 from tasks import registry
@@ -103,6 +104,15 @@ def test_domain_folders_split_50_25_25(tmp_path, module):
     assert c.train[0].shape[1:] == (32, 32, 3)
     together = np.concatenate([c.train[1], c.val[1], c.test[1]])
     assert sorted(np.bincount(together)) == [4] * 10  # Every image once.
+  # Client i holds domain i's images, with their labels (each folder's
+  # images are drawn from a seed of its own: no two domains share one).
+  examples = lambda images, labels: sorted(
+      (int(label), image.tobytes()) for image, label in zip(images, labels))
+  for domain, c in zip(module.DOMAINS, task.clients):
+    own = image_folder.load_class_folders(os.path.join(root, domain),
+                                          list(module.CLASSES), 32, 3)
+    assert examples(*own) == examples(
+        *(np.concatenate(part) for part in zip(c.train, c.val, c.test)))
   again = module.build(options)
   np.testing.assert_array_equal(again.clients[1].val[0], task.clients[1].val[0])
   bigger = module.build(TaskOptions(data_dir=root, image_size=64))
