@@ -150,6 +150,29 @@ def test_adam_attack_reconstructs_from_an_unprotected_gradient():
   assert psnr[400] > psnr[1] + 3.0, psnr
 
 
+def test_the_best_restart_is_kept(unprotected, monkeypatch):
+  """With several restarts the attack keeps the one that matched best:
+  each restart starts from its own seeded draw, and L-BFGS is replaced
+  here by one that returns its start with a scripted loss."""
+  observation = unprotected[2]
+  losses = iter([3.0, 1.0, 2.0])
+  starts = []
+
+  def scripted(matcher, start, iterations, low, high):
+    del matcher, iterations, low, high
+    starts.append(start)
+    return start, next(losses)
+
+  monkeypatch.setattr(dlg_tf, '_lbfgs', scripted)
+  options = dlg_tf.AttackOptions(iterations=1, restarts=3, seed=0)
+  result = dlg_tf.dlg_attack(CONFIG, observation, options, RANGE)
+  assert result.restart_losses == (3.0, 1.0, 2.0)
+  assert result.matching_loss == 1.0
+  np.testing.assert_array_equal(result.images.ravel(),
+                                starts[1].astype(np.float32))
+  assert not np.array_equal(starts[0], starts[1])
+
+
 def test_attack_options_are_checked():
   for bad, match in ((dict(iterations=0), 'iterations'),
                      (dict(restarts=0), 'restarts'),
