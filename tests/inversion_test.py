@@ -1,6 +1,7 @@
 """Model inversion through the generator (privacy/inversion_tf.py). The
 binary runs on run_fedcg_test.py's tiny FedCG run (one run for both)."""
 
+import attrs
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -188,6 +189,15 @@ def test_shadow_extractor_uses_only_the_shared_networks_and_its_own_draw():
                                             other.classifier, images,
                                             labels, training)
   assert not np.allclose(shadow[kernels[0]], shadow_other[kernels[0]])
+  # G alone steers it through the distillation term, and only through it.
+  other_g = lambda t: inv.train_shadow_extractor(
+      config, other.generator, server.classifier, images, labels, t)
+  assert not np.allclose(shadow[kernels[0]], other_g(training)[kernels[0]])
+  plain = attrs.evolve(training, distill_weight=0.0)
+  for a, b in zip(inv.train_shadow_extractor(config, server.generator,
+                                             server.classifier, images,
+                                             labels, plain), other_g(plain)):
+    np.testing.assert_array_equal(a, b)
   # That second call reused the first's networks, optimizer and traced
   # step: it gives what a newly built trainer gives (a trainer that kept
   # the first call's Adam moments or E_s fails this).
