@@ -224,9 +224,7 @@ def main(argv):
 
   import numpy as np  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import dlg_tf  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
   from fedcg_tff.algorithms import training_tf  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.models import model_weights  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import inversion_tf as inv  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
@@ -315,17 +313,15 @@ def main(argv):
     server, before, output = replayed[r]
     upload = output.upload
     generator_w, classifier_w = upload.generator, upload.classifier
-    if replay.dp:
-      # What the server sees: G_g + the noised update (and C likewise);
-      # negative batch-norm variances raised to 0 so G_i runs (the server
-      # does the same to the mean of the uploads).
+    if replay.dp:  # What the server sees: G_g + the noised update, C too.
       tf.random.set_seed(FLAGS.seed * 100_003 + r)
       sigma, clip = replay.dp['dp_sigma'], replay.dp['dp_clip']
-      noised = lambda name, update, base: model_weights.apply_update(
-          templates.model(name), base,
-          dp.gaussian_mechanism(tuple(update), sigma, clip))
-      generator_w = noised('generator', generator_w, server.generator)
-      classifier_w = noised('classifier', classifier_w, server.classifier)
+      generator_w = inv.dp_server_view(templates.model('generator'),
+                                       server.generator, generator_w,
+                                       sigma, clip)
+      classifier_w = inv.dp_server_view(templates.model('classifier'),
+                                        server.classifier, classifier_w,
+                                        sigma, clip)
     true_e = output.state.extractor
     saved = replay.saved_extractor(r, FLAGS.client)
     if saved is not None:

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from fedcg_tff.algorithms import fedcg_tf
+from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.privacy import dlg_tf
 from fedcg_tff.privacy import inversion_tf as inv
@@ -156,6 +157,30 @@ def test_fitted_latent_keeps_each_targets_best_restart(monkeypatch):
   np.testing.assert_allclose(mismatch, errors.min(axis=0), rtol=1e-5)
   for i, k in enumerate(np.argmin(errors, axis=0)):
     np.testing.assert_allclose(fitted[i], per_start[k][1][i], atol=1e-5)
+
+
+def test_dp_server_view_clips_then_noises_the_update():
+  """Under DP-FedCG the attack sees G_g plus the client's update clipped to
+  the clip's global norm and noised with std sigma: the noise is measured
+  without clipping, the clip without noise."""
+  templates = training_tf.InitialNetworks(CONFIG, ('generator',))
+  model = templates.model('generator')
+  base = templates.initial_weights('generator')
+  update = tuple(tf.random.stateless_normal(w.shape, [3, i]) * 0.01
+                 for i, w in enumerate(base))
+  variances = [i for i, w in enumerate(model.weights)
+               if 'moving_variance' in w.name]
+  tf.random.set_seed(0)
+  noisy = inv.dp_server_view(model, base, update, 0.05, 1e9)
+  noise = np.concatenate([(n - b - u).numpy().ravel() for i, (n, b, u) in
+                          enumerate(zip(noisy, base, update))
+                          if i not in variances])
+  assert np.std(noise) == pytest.approx(0.05, rel=0.02)
+  clipped = inv.dp_server_view(model, base, update, 1e-9, 0.1)
+  moved = np.sqrt(sum(np.sum(np.square((c - b).numpy()))
+                      for c, b in zip(clipped, base)))
+  assert moved == pytest.approx(0.1, rel=1e-3)
+  assert all(np.all(clipped[i].numpy() >= 0) for i in variances)
 
 
 def test_shadow_extractor_uses_only_the_shared_networks_and_its_own_draw():

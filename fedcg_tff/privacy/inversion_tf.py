@@ -32,6 +32,7 @@ from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.models import model_weights
 from fedcg_tff.privacy import dlg_tf
+from fedcg_tff.privacy import dp
 
 
 @attrs.define(frozen=True)
@@ -161,6 +162,17 @@ def fit_latent(generator: tf.keras.Model, targets, labels,
     best[better] = mismatch[better]
     best_features[better] = features[better]
   return best_features, best
+
+
+def dp_server_view(model: tf.keras.Model, base, update, sigma: float,
+                   clip: float) -> tuple:
+  """What the server sees of one client's DP upload of `model`'s weights
+  (DP-FedCG uploads updates): the broadcast `base` plus the update clipped
+  to global norm `clip` and noised with std `sigma` (`dp.gaussian_mechanism`,
+  TF's global random state), negative moving variances raised to 0 so the
+  network runs (as the server does to the mean of the uploads)."""
+  return model_weights.apply_update(
+      model, base, dp.gaussian_mechanism(tuple(update), sigma, clip))
 
 
 def sample_features(generator: tf.keras.Model, labels, seed: int
