@@ -24,7 +24,7 @@ the teacher logits) and the distillation inside the server's update
 
 The first round traces and compiles and is not counted. FLOP/s: forward
 FLOPs per example of each network's convolutions and dense layers
-(`layer_flops`), a trained network counted as 3x its forward pass (forward,
+(`execution.flops`), a trained network counted as 3x its forward pass (forward,
 gradient of the input, gradient of the weights) -- an estimate of the useful
 arithmetic; the machine's peak is cores x clock x FLOPs
 per cycle (AVX-512: two FMA units x 16 float32 lanes x 2 = 64; AVX2, and
@@ -43,6 +43,7 @@ from absl import logging
 
 from binaries import common
 from fedcg_tff.execution import devices
+from fedcg_tff.execution import flops
 from fedcg_tff.execution import runtime
 
 flags.DEFINE_integer('clients', 4, 'Number of FMNIST clients.')
@@ -69,66 +70,6 @@ flags.DEFINE_integer('seed', 1, 'Seed of the data split and the networks.')
 flags.DEFINE_string('json', None, 'Also write the figures to this file.')
 FLAGS = flags.FLAGS
 GOAL_SECONDS = 150  # Issue 17: a full-protocol round on 2 cores.
-
-
-def layer_flops(model) -> float:
-  """Forward FLOPs per example of `model`'s convolutions and dense layers
-  (2 per multiply-add; activations, normalisation and the spectral norm's
-  per-call power iteration are left out: they are a few percent here).
-  A transposed convolution costs its input positions times its kernel, not
-  its zero-padded output positions."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  total = 0.0
-  for layer in model.layers:
-    if isinstance(layer, tf.keras.layers.Conv2DTranspose):
-      positions = np.prod(layer.input_shape[1:3])
-    elif isinstance(layer, tf.keras.layers.Conv2D):
-      positions = np.prod(layer.output_shape[1:3])
-    elif isinstance(layer, tf.keras.layers.Dense):
-      positions = np.prod(layer.output_shape[1:-1] or [1])
-    else:
-      continue
-    kernel = layer.kernel.shape
-    total += 2.0 * positions * np.prod(kernel)
-  return float(total)
-
-
-def forward_flops(config) -> dict[str, float]:
-  """Forward FLOPs per example of each network (see `layer_flops`)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.models import families  # pylint: disable=g-import-not-at-top
-  # In a graph of their own, as inside TFF's computations (building them
-  # eagerly after TFF is imported fails in Keras' functional API).
-  with tf.Graph().as_default():
-    return _forward_flops(families, config)
-
-
-def _forward_flops(families, config):
-  return {
-      'extractor': layer_flops(families.build_extractor(
-          config.model, config.image_channels)),
-      'classifier': layer_flops(families.build_classifier(
-          config.model, config.num_classes)),
-      'generator': layer_flops(families.build_generator(
-          config.model, config.num_classes, config.noise_dim)),
-      'discriminator': layer_flops(families.build_discriminator(
-          config.model, config.num_classes)),
-  }
-
-
-def training_flops(config, flops: dict[str, float], examples: int):
-  """Estimated FLOPs of stage 1 and stage 2 for `examples` images per epoch.
-
-  Stage 1 trains E and C (3x forward) and runs G forward for L_dist. Stage 2
-  runs E forward; D forward on real and on fake and backward through both
-  (3x each); for G's loss, G trained (3x), D forward again and its input
-  gradient (2x).
-  """
-  e, c, g, d = (flops[k] for k in ('extractor', 'classifier', 'generator',
-                                   'discriminator'))
-  stage1 = config.local_epochs * examples * (3 * (e + c) + g)
-  stage2 = config.gan_epochs * examples * (e + 6 * d + 3 * g + 2 * d)
-  return stage1, stage2
 
 
 def code_commit() -> str | None:
@@ -180,7 +121,7 @@ def main(argv):
                        seed=FLAGS.seed).validate()
   # Before any TFF tracing: Keras models built afterwards in this process
   # would be built inside TFF's graph-mode state.
-  flops = forward_flops(config)
+  forward = flops.forward_flops(config)
   options = dict(num_clients=FLAGS.clients,
                  train_per_client=FLAGS.train_per_client, seed=FLAGS.seed,
                  image_size=config.image_size)
@@ -217,7 +158,8 @@ def main(argv):
 
   mean = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]
           if k != 'round'}
-  stage1, stage2 = training_flops(config, flops, FLAGS.train_per_client)
+  stage1, stage2 = flops.training_flops(config, forward,
+                                       FLAGS.train_per_client)
   train_flops = FLAGS.clients * (stage1 + stage2)
   train_seconds = mean['client_stage1_s'] + mean['client_stage2_s']
   peak, peak_how = devices.peak_float32_flops()
@@ -235,7 +177,7 @@ def main(argv):
           'worker_addresses', 'seed')},
       'mean_seconds': mean,
       'rounds': rows,
-      'forward_flops_per_example': flops,
+      'forward_flops_per_example': forward,
       'training_flops_per_round': train_flops,
       'achieved_training_flops_per_s': achieved,
       'peak_flops_per_s': peak,

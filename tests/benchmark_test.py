@@ -75,9 +75,9 @@ def test_forward_flops_by_hand():
   output positions), and a transposed convolution over its input
   positions."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from binaries import benchmark  # pylint: disable=g-import-not-at-top
   from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
-  flops = benchmark.forward_flops(FedCGConfig(model='lenet'))
+  from fedcg_tff.execution import flops as counts  # pylint: disable=g-import-not-at-top
+  flops = counts.forward_flops(FedCGConfig(model='lenet'))
   # conv 5x5x1->6 at 28x28, conv 5x5x6->16 at 10x10; dense 400-120-84-10.
   assert flops['extractor'] == 2 * (28 * 28 * 150 + 10 * 10 * 2400)
   assert flops['classifier'] == 2 * (400 * 120 + 120 * 84 + 84 * 10)
@@ -85,7 +85,7 @@ def test_forward_flops_by_hand():
     up = tf.keras.Sequential([tf.keras.Input([2, 2, 5]),
                               tf.keras.layers.Conv2DTranspose(4, 3)])
     # 4 input positions x (3 x 3 x 5 x 4) weights, not 16 output positions.
-    assert benchmark.layer_flops(up) == 2 * 4 * 180
+    assert counts.layer_flops(up) == 2 * 4 * 180
 
 
 def test_contention_benchmark_names_the_flag_of_a_bad_workload():

@@ -214,20 +214,23 @@ def test_terminated_sweep_ends_its_run(tmp_path, how):
   data.mkdir()
   fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3',
-             FEDCG_TEST_HOLD_ROUND='1')  # The run waits before round 1.
+             FEDCG_TEST_HOLD_ROUND='2')  # The run waits before round 2.
   sweep = subprocess.Popen(
       [sys.executable, '-m', 'binaries.run_experiments',
        f'--output_dir={tmp_path / "sweep"}', '--algorithms=local',
        '--tasks=fmnist', '--seeds=1',
        f'--run_flags=--data_dir={data} --num_clients=2 '
-       '--train_per_client=16 --rounds=1'],
+       '--train_per_client=16 --rounds=2'],
       cwd=binary_runs.ROOT, env=env, stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE, text=True, start_new_session=True)
   tree = []
   try:
-    lock = tmp_path / 'sweep' / 'fmnist' / 'local' / 'seed_1' / '.lock'
+    run_dir = tmp_path / 'sweep' / 'fmnist' / 'local' / 'seed_1'
+    lock = run_dir / '.lock'
     deadline = time.time() + 300
-    while not (lock.exists() and lock.read_text()):  # The run holds it.
+    # Round 1 saved: the run waits in its hold, where a signal is handled
+    # at once (not in the middle of building its computations).
+    while not (run_dir / 'checkpoints' / 'round_1').exists():
       assert sweep.poll() is None, sweep.stderr.read()[-3000:]
       assert time.time() < deadline
       time.sleep(0.1)
