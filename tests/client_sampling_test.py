@@ -535,6 +535,10 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
     assert len(earlier) == 1 and f'moved to {earlier[0]}' in said, said
     assert rounds_in(earlier[0] / 'metrics.csv') == [1, 2, 3]
     assert os.listdir(earlier[0] / 'tensorboard')
+    # So are the client states it wrote (those not set aside as damaged).
+    kept = list((tmp_path / 'broken' / 'states').glob(
+        'earlier_attempt_*/client_*.npz'))
+    assert len(kept) >= 3, kept
   else:
     assert 'resuming after round 2' in said, said
     assert result.resumed_from == 2 and result.rounds_run == 3

@@ -265,6 +265,22 @@ class DiskClientStore:
             f'round {rounds_done} (files deleted or moved?); resuming would '
             'give it its initial state')
 
+  def set_aside_all(self) -> str | None:
+    """Moves every stored state into a new `earlier_attempt_<time>`
+    directory beside them (every client then starts afresh) and returns
+    its path (None: nothing stored). For a run that starts over: the
+    states an earlier attempt wrote are kept, not deleted."""
+    if not any(self._versions.values()):
+      return None
+    aside = run_record.earlier_attempt_dir(self.directory)
+    for i, versions in self._versions.items():
+      for version in versions:
+        name = os.path.basename(self.path(i, version))
+        os.replace(self.path(i, version), os.path.join(aside, name))
+    self._versions.clear()
+    run_record.sync_directory(self.directory)
+    return aside
+
   def discard_after(self, rounds_done: int) -> None:
     """Deletes every state newer than `rounds_done` completed rounds: those
     of a round whose checkpoint was never saved."""

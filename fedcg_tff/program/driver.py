@@ -181,6 +181,9 @@ class Driver:
       # every client's state for this round must read back (else
       # checkpoint.DamagedState, and an older checkpoint is tried).
       rounds_done = int(self.server_state.round_num)
+      if rounds_done == 0:  # Starting over: keep an earlier attempt's.
+        self._store.set_aside_all()
+        return
       self._store.require(self._trained_before(rounds_done), rounds_done)
       self._store.discard_after(rounds_done)
       self._store.check()

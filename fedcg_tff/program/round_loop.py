@@ -232,7 +232,8 @@ def run(algorithm: Algorithm,
     rounds_run = checkpoints.resume(template, restore, log)
     if not rounds_run:
       # Starting over (also after every save was set aside): the fresh
-      # state, and no client file of an earlier attempt left to load.
+      # state; client files of an earlier attempt are moved aside, not
+      # loaded (Driver.restore).
       algorithm.restore(fresh)
       aside = writer.set_aside() if had_saves and writer else None
       if aside is not None:

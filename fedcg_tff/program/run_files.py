@@ -8,7 +8,6 @@ import csv
 import io
 import os
 import shutil
-import time
 
 import numpy as np
 import tensorflow_federated as tff
@@ -53,11 +52,7 @@ class MetricsWriter:
     if not present:
       return None
     self._managers = None
-    parent = os.path.dirname(self.csv_path)
-    aside = os.path.join(parent, time.strftime('earlier_attempt_%Y%m%d_%H%M%S'))
-    while os.path.exists(aside):
-      aside += '_'
-    os.makedirs(aside)
+    aside = run_record.earlier_attempt_dir(os.path.dirname(self.csv_path))
     for path in present:
       os.replace(path, os.path.join(aside, os.path.basename(path)))
     return aside

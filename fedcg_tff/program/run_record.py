@@ -10,6 +10,7 @@ passes over them at once)."""
 import fcntl
 import json
 import os
+import time
 
 RUN_FILE = 'run.json'  # What defines the run in a directory: see below.
 RESULTS_FILE = 'results.json'  # Written when a run has finished.
@@ -27,6 +28,16 @@ def write_text_atomically(path: str, text: str) -> None:
     os.fsync(f.fileno())
   os.replace(tmp, path)
   sync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+def earlier_attempt_dir(parent: str) -> str:
+  """A new `earlier_attempt_<date>_<time>` directory in `parent`, for what
+  a run that starts over moves aside rather than overwrite."""
+  aside = os.path.join(parent, time.strftime('earlier_attempt_%Y%m%d_%H%M%S'))
+  while os.path.exists(aside):
+    aside += '_'
+  os.makedirs(aside)
+  return aside
 
 
 def sync_directory(directory: str) -> None:
