@@ -289,6 +289,25 @@ def test_pack_and_unpack_round_trip():
     checkpoint.unpack(packed, (structure[0], [np.ones(1, np.float32)]))
 
 
+def test_a_save_with_another_bookkeeping_key_is_another_state(tmp_path):
+  """A loop state with a key this code does not have (another version's
+  bookkeeping) is no garbled byte: the resume stops, naming it."""
+  checkpoints = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
+  algo = _ScriptedAlgorithm([[0.1]] * 3, [[0.1]] * 3)
+  round_loop.run(algo, lambda r: [r], [None], [None], max_rounds=1,
+                 patience=9, log=lambda _: None, checkpoints=checkpoints)
+  template = round_loop._checkpoint_template(algo.state(), 1)  # pylint: disable=protected-access
+  checkpoints.save(2, {'algorithm': template['algorithm'],
+                       'loop': {**template['loop'],
+                                'patience': np.int64(9)}})
+  with pytest.raises(checkpoint.StateMismatch,
+                     match=r'round_2: it holds .*loop/patience.*another '
+                           r'version'):
+    round_loop.run(algo, lambda r: [r], [None], [None], max_rounds=3,
+                   patience=9, log=lambda _: None, checkpoints=checkpoints)
+  assert checkpoints.kept_rounds() == [1, 2]
+
+
 def test_a_damaged_key_in_a_save_is_damage_not_another_state(tmp_path):
   """TF does not checksum a SavedModel's proto: a garbled byte in one of its
   names (each place 'since_best' is written, in turn) reads back as another

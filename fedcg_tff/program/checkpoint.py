@@ -48,9 +48,10 @@ class StateMismatch(ValueError):
   code, or for other networks. Not damage, so nothing is set aside: the run
   stops, naming the file (`resume`, `client_store`). It is a ValueError,
   which READ_ERRORS holds: catch it before them. A save of another
-  *structure* (another set of dtypes), which TFF's load against the
-  template refuses with a plain ValueError, is one too when the save reads
-  back intact on its own (`Checkpoints.resume`)."""
+  *structure* (another set of dtypes, other bookkeeping keys), which TFF's
+  load against the template refuses with a plain ValueError, is one too
+  when the save reads back intact on its own and its keys differ from this
+  code's by more than a garbled byte would make them (`_garbled`)."""
 
 
 # What reading a damaged file raises: TF's checksum and format errors
@@ -115,13 +116,14 @@ def unpack(packed: dict[str, np.ndarray], template: Any) -> Any:
 KEPT_SAVES = 2
 
 
-def _plausible(saved: Any, template: Any) -> bool:
-  """Whether `saved`, a save's structure read back on its own, could be
-  this code's kind of save: the template's parts, each with the template's
-  keys or with packed dtype groups (keys that are dtype names). TF does
-  not check the SavedModel's own proto when it loads, so a damaged byte in
-  a key reads back as another key: that is damage, not another version's
-  state."""
+def _garbled(saved: Any, template: Any) -> bool:
+  """Whether the keys of `saved` (a save's structure read back on its own)
+  differ from `template`'s only as damage would make them. TF does not
+  check a SavedModel's own proto when it loads it, so a garbled byte in a
+  key reads back as another key: each unexpected key then has the length
+  of a missing one and differs from it in a byte or two, and is no dtype
+  name (the packed groups' keys are: other dtype names, like a renamed,
+  added or dropped key, are another version's state)."""
   def dtype_name(key):
     try:
       np.dtype(key)
@@ -129,13 +131,24 @@ def _plausible(saved: Any, template: Any) -> bool:
       return False
     return True
 
-  if not (isinstance(saved, dict) and isinstance(template, dict)
-          and saved.keys() == template.keys()):
+  def near(a, b):
+    return len(a) == len(b) and sum(x != y for x, y in zip(a, b)) <= 2
+
+  if not (isinstance(saved, dict) and isinstance(template, dict)):
     return False
-  return all(
-      isinstance(value, dict) and isinstance(template[part], dict) and
-      (value.keys() == template[part].keys() or all(map(dtype_name, value)))
-      for part, value in saved.items())
+  extra = [k for k in saved if k not in template]
+  missing = [k for k in template if k not in saved]
+  if len(extra) != len(missing) or any(
+      dtype_name(k) or not any(near(k, m) for m in missing) for k in extra):
+    return False
+  differs = bool(extra)
+  for key, value in saved.items():
+    if key in template and isinstance(value, dict):
+      if value.keys() != template[key].keys():
+        if not _garbled(value, template[key]):
+          return False
+        differs = True
+  return differs
 
 
 class Checkpoints:
@@ -231,7 +244,7 @@ class Checkpoints:
     paths = lambda s: ', '.join(
         '/'.join(str(k) for k in path) for path, _ in
         tree.flatten_with_path(s))
-    if paths(saved) == paths(template) or not _plausible(saved, template):
+    if paths(saved) == paths(template) or _garbled(saved, template):
       return None
     return (f'it holds {paths(saved)}; the state needs {paths(template)}'
             + _OTHER_CODE)
