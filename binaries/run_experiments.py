@@ -28,6 +28,7 @@ needed: a report can be remade from committed results).
 
 import os
 import shlex
+import shutil
 import time
 
 from absl import app
@@ -126,20 +127,27 @@ def write_reports(runs) -> None:
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
 
-  # An earlier invocation's reports go first: one this invocation does not
-  # write again (no finished run, no Local for the gains) would otherwise
-  # still show runs it left out.
   output_dir = os.path.abspath(FLAGS.output_dir)
-  for name in ['results.md', 'results.csv'] + [
-      f'{kind}_{task}.{ext}' for task in FLAGS.tasks
-      for kind, ext in (('paper', 'md'), ('curves', 'png'), ('gain', 'png'))]:
-    if os.path.exists(os.path.join(output_dir, name)):
-      os.remove(os.path.join(output_dir, name))
   results = []
   for task, algorithm, seed in runs:
     path = os.path.join(run_dir(task, algorithm, seed), 'results.json')
     if os.path.exists(path):
       results.append(report.load_result(path, task, algorithm, seed))
+  if not results and FLAGS.report_only:
+    raise app.UsageError(
+        f'--report_only: none of the runs asked for has a results.json '
+        f'(looked for {run_dir(*runs[0])}/results.json and the like): check '
+        '--output_dir, --task_dirs, --algorithms and --seeds; no report '
+        'was changed')
+  # An earlier invocation's reports go next: one this invocation does not
+  # write again (no finished run, no Local for the gains) would otherwise
+  # still show runs it left out. The sweep's TensorBoard holds only them.
+  for name in ['results.md', 'results.csv'] + [
+      f'{kind}_{task}.{ext}' for task in FLAGS.tasks
+      for kind, ext in (('paper', 'md'), ('curves', 'png'), ('gain', 'png'))]:
+    if os.path.exists(os.path.join(output_dir, name)):
+      os.remove(os.path.join(output_dir, name))
+  shutil.rmtree(os.path.join(output_dir, 'tensorboard'), ignore_errors=True)
   if not results:
     print('no finished run to report')
     return

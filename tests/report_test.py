@@ -203,6 +203,7 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   assert 'left out of the report: [1/1] fmnist local seed 3' in changed
   assert 'no finished run to report' in changed, changed
   assert not (tmp_path / 'sweep' / 'results.md').exists()  # Not the old one.
+  assert not (tmp_path / 'sweep' / 'tensorboard').exists()
 
 
 @pytest.mark.parametrize('how', ['sigterm_to_the_sweep', 'ctrl_c'])
@@ -261,7 +262,9 @@ def test_sweep_rejects_bad_flags(tmp_path):
            ('--seeds=1,1', '--seeds must be distinct integers'),
            ('--run_flags=--seed=3', 'must not set --seed'),
            ('--tasks=fmnist,cifar10 --notask_dirs',
-            '--notask_dirs needs one task'))
+            '--notask_dirs needs one task'),
+           ('--report_only --algorithms=local --seeds=1',
+            'none of the runs asked for has a results.json'))
   # One interpreter for them all.
   stops, done = binary_runs.main_calls(
       'run_experiments',
