@@ -171,22 +171,31 @@ def run_fedcg(args: Sequence[str]) -> int:
     # sweep would meet in its directory (`run_record.OutputDirLock`).
     # Ctrl-C reached the run too: it is given time to stop on its own
     # before a SIGTERM would cut its exit short.
-    _end(child, grace=_CHILD_STOP_SECONDS if isinstance(
+    _end(child, grace=CHILD_STOP_SECONDS if isinstance(
         e, KeyboardInterrupt) else 0)
     raise
 
 
-_CHILD_STOP_SECONDS = 60
+CHILD_STOP_SECONDS = 60
 
 
 def _end(child: subprocess.Popen, grace: float) -> None:
   """Waits `grace` seconds for `child` to end, then terminates it, and
-  kills it if it is still there _CHILD_STOP_SECONDS later."""
-  for stop in (None, child.terminate, child.kill):
-    if stop is not None:
-      stop()
-    try:
-      child.wait(timeout=grace)
-      return
-    except subprocess.TimeoutExpired:
-      grace = _CHILD_STOP_SECONDS
+  kills it if it is still there CHILD_STOP_SECONDS later; a further
+  signal or Ctrl-C while waiting kills it at once."""
+  if grace and child.poll() is None:
+    print(f'waiting up to {grace:.0f} s for the run (pid {child.pid}) to '
+          'stop', file=sys.stderr, flush=True)
+  try:
+    for stop in (None, child.terminate, child.kill):
+      if stop is not None:
+        stop()
+      try:
+        child.wait(timeout=grace)
+        return
+      except subprocess.TimeoutExpired:
+        grace = CHILD_STOP_SECONDS
+  except BaseException:
+    child.kill()
+    child.wait()
+    raise

@@ -180,7 +180,13 @@ def test_dp_server_view_clips_then_noises_the_update():
   moved = np.sqrt(sum(np.sum(np.square((c - b).numpy()))
                       for c, b in zip(clipped, base)))
   assert moved == pytest.approx(0.1, rel=1e-3)
-  assert all(np.all(clipped[i].numpy() >= 0) for i in variances)
+  # A moving variance the noised update would make negative is raised to 0.
+  down = tuple(tf.fill(w.shape, -2.0) if i in variances else tf.zeros_like(w)
+               for i, w in enumerate(base))
+  raised = inv.dp_server_view(model, base, down, 1e-9, 1e9)
+  assert variances
+  for i in variances:
+    np.testing.assert_array_equal(raised[i].numpy(), 0.0)
 
 
 def test_shadow_extractor_uses_only_the_shared_networks_and_its_own_draw():

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from binaries import common
 from fedcg_tff.program import report
 from tests import binary_runs
 from tests import fake_data
@@ -223,7 +224,10 @@ def test_terminated_sweep_ends_its_run(tmp_path, how):
        f'--run_flags=--data_dir={data} --num_clients=2 '
        '--train_per_client=16 --rounds=2'],
       cwd=binary_runs.ROOT, env=env, stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE, text=True, start_new_session=True)
+      stderr=subprocess.PIPE, text=True, start_new_session=True,
+      # SIGINT at its default, as from a terminal, whatever this test
+      # process ignores (Python then turns it into KeyboardInterrupt).
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   tree = []
   try:
     run_dir = tmp_path / 'sweep' / 'fmnist' / 'local' / 'seed_1'
@@ -238,12 +242,18 @@ def test_terminated_sweep_ends_its_run(tmp_path, how):
     run = psutil.Process(int(lock.read_text()))
     tree = [run, *run.children(recursive=True)]
     if how == 'ctrl_c':
-      os.killpg(sweep.pid, signal.SIGINT)  # Its session: it and the run.
-      sweep.communicate(timeout=60)
+      # The sweep's SIGINT first: it waits for the run, which a terminal's
+      # Ctrl-C reaches too (here a moment later) and which then ends by
+      # itself, the sweep with it.
+      sweep.send_signal(signal.SIGINT)
+      time.sleep(2)
+      assert run.is_running() and sweep.poll() is None
+      run.send_signal(signal.SIGINT)
+      sweep.communicate(timeout=common.CHILD_STOP_SECONDS + 60)
       assert sweep.returncode != 0
     else:
       sweep.send_signal(signal.SIGTERM)
-      sweep.communicate(timeout=60)
+      sweep.communicate(timeout=common.CHILD_STOP_SECONDS + 60)
       assert sweep.returncode == 128 + signal.SIGTERM
     _, alive = psutil.wait_procs(tree, timeout=30)
     assert not alive, alive
