@@ -35,7 +35,8 @@ from absl import app
 from absl import flags
 
 from binaries import common
-from fedcg_tff.execution import runtime  # pylint: disable=unused-import  # SIGTERM/SIGHUP end the sweep and its run.
+# SIGTERM and SIGHUP end the sweep like Ctrl-C, and its run with it.
+from fedcg_tff.execution import runtime  # pylint: disable=unused-import
 from fedcg_tff.names import ALGORITHMS, TASKS
 
 flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run.')
@@ -169,11 +170,10 @@ def write_reports(runs) -> None:
   for task in FLAGS.tasks:
     curves = {}
     for algorithm in FLAGS.algorithms:
-      of_runs = [report.load_curves(os.path.join(run_dir(t, a, s),
-                                                 'metrics.csv'))
-                 for t, a, s in runs if t == task and a == algorithm and
-                 os.path.exists(os.path.join(run_dir(t, a, s),
-                                             'results.json'))]
+      of_runs = [report.load_curves(os.path.join(
+                     run_dir(r.task, r.algorithm, r.seed), 'metrics.csv'))
+                 for r in results
+                 if r.task == task and r.algorithm == algorithm]
       if of_runs:
         curves[algorithm] = report.mean_curves(of_runs)
     if curves:
