@@ -24,11 +24,11 @@ the teacher logits) and the distillation inside the server's update
 
 The first round traces and compiles and is not counted. FLOP/s: forward
 FLOPs per example of each network's convolutions and dense layers
-(`execution.flops`), a trained network counted as 3x its forward pass (forward,
-gradient of the input, gradient of the weights) -- an estimate of the useful
-arithmetic; the machine's peak is cores x clock x FLOPs
-per cycle (AVX-512: two FMA units x 16 float32 lanes x 2 = 64; AVX2, and
-AMD Zen 4's AVX-512 on 256-bit pipes: 32), read from /proc/cpuinfo.
+(`execution.flops`), a trained network counted as 3x its forward pass
+(forward, gradient of the input, gradient of the weights) -- an estimate of
+the useful arithmetic; the machine's peak is cores x clock x FLOPs per
+cycle (AVX-512: two FMA units x 16 float32 lanes x 2 = 64; AVX2, and AMD
+Zen 4's AVX-512 on 256-bit pipes: 32), read from /proc/cpuinfo.
 """
 
 import json

@@ -34,23 +34,21 @@ def forward_flops(config) -> dict[str, float]:
   """Forward FLOPs per example of each network (see `layer_flops`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from fedcg_tff.models import families  # pylint: disable=g-import-not-at-top
-  # In a graph of their own, as inside TFF's computations (building them
-  # eagerly after TFF is imported fails in Keras' functional API).
+  # Imported here: the benchmark checks its flags before TensorFlow loads.
+  # The networks are built in a graph of their own, as inside TFF's
+  # computations (built eagerly after TFF is imported, Keras' functional
+  # API fails).
   with tf.Graph().as_default():
-    return _forward_flops(families, config)
-
-
-def _forward_flops(families, config):
-  return {
-      'extractor': layer_flops(families.build_extractor(
-          config.model, config.image_channels)),
-      'classifier': layer_flops(families.build_classifier(
-          config.model, config.num_classes)),
-      'generator': layer_flops(families.build_generator(
-          config.model, config.num_classes, config.noise_dim)),
-      'discriminator': layer_flops(families.build_discriminator(
-          config.model, config.num_classes)),
-  }
+    return {
+        'extractor': layer_flops(families.build_extractor(
+            config.model, config.image_channels)),
+        'classifier': layer_flops(families.build_classifier(
+            config.model, config.num_classes)),
+        'generator': layer_flops(families.build_generator(
+            config.model, config.num_classes, config.noise_dim)),
+        'discriminator': layer_flops(families.build_discriminator(
+            config.model, config.num_classes)),
+    }
 
 
 def training_flops(config, flops: dict[str, float], examples: int):
