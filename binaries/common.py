@@ -8,6 +8,7 @@ here imports TensorFlow at import time: a binary checks its flags before
 TensorFlow starts.
 """
 
+import json
 import math
 import os
 import subprocess
@@ -154,14 +155,34 @@ def load_task(task: str, options):
 # --- Child runs --------------------------------------------------------------
 
 
+def _child_env() -> dict:
+  """This process's environment with the repository importable."""
+  return dict(os.environ, PYTHONPATH=os.pathsep.join(
+      p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
+
+
+def check_run_fedcg_flags(runs: dict) -> None:
+  """Checks the flags of `run_fedcg` runs (label -> args) as each run would
+  at its start, all in one child interpreter (run_fedcg's flags cannot be
+  defined beside a sweep's; no TensorFlow: about a second), so that a typo
+  stops a sweep before its first run rather than failing every run."""
+  done = subprocess.run(
+      [sys.executable, '-c',
+       'import json, sys\n'
+       'from binaries import run_fedcg\n'
+       'run_fedcg.check_runs(json.loads(sys.stdin.read()))\n'],
+      input=json.dumps(runs), env=_child_env(), capture_output=True,
+      text=True, check=False)
+  if done.returncode:
+    raise app.UsageError(f'--run_flags: {done.stderr.strip()}')
+
+
 def run_fedcg(args: Sequence[str]) -> int:
   """Runs `python -m binaries.run_fedcg *args` in this interpreter, in this
   working directory (relative paths in `args` mean what they mean here),
   with the repository importable; returns its exit code."""
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
   child = subprocess.Popen([sys.executable, '-m', 'binaries.run_fedcg',
-                            *args], env=env)
+                            *args], env=_child_env())
   try:
     return child.wait()
   except BaseException as e:

@@ -37,7 +37,7 @@ from absl import flags
 from binaries import common
 # SIGTERM and SIGHUP end the sweep like Ctrl-C, and its run with it.
 from fedcg_tff.execution import runtime  # pylint: disable=unused-import
-from fedcg_tff.names import ALGORITHMS, TASKS
+from fedcg_tff.names import ALGORITHM_FLAGS, ALGORITHMS, TASKS
 
 flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run.')
 flags.DEFINE_list('tasks', ['fmnist'], 'Tasks to run.')
@@ -63,6 +63,7 @@ def _check_flags() -> tuple[list[int], list[str]]:
     bad = [v for v in FLAGS[name].value if v not in allowed]
     if bad or not FLAGS[name].value:
       raise app.UsageError(f'--{name}: {bad or "empty"} not in {allowed}')
+    common.distinct_list(name, str, 'names')
   seeds = common.distinct_list('seeds', int, 'integers')
   if not FLAGS.task_dirs and len(FLAGS.tasks) != 1:
     raise app.UsageError(f'--notask_dirs needs one task, got --tasks='
@@ -73,7 +74,31 @@ def _check_flags() -> tuple[list[int], list[str]]:
     if name in _OWNED:
       raise app.UsageError(f'--run_flags must not set --{name}: the sweep '
                            'sets it for each run')
+    users = ALGORITHM_FLAGS.get(name) if flag.startswith('-') else None
+    if users and not set(users) & set(FLAGS.algorithms):
+      raise app.UsageError(
+          f'--run_flags sets --{name}, which only --algorithms='
+          f'{"|".join(users)} uses, and --algorithms has none of them')
   return seeds, extra
+
+
+def run_args(task: str, algorithm: str, seed: int,
+             extra: list[str]) -> list[str]:
+  """The flags of one run: the sweep's four and --run_flags, less the
+  flags only other algorithms use (`names.ALGORITHM_FLAGS`), which
+  run_fedcg would refuse: one sweep can set FedProx's mu beside FedCG."""
+  args = [f'--algorithm={algorithm}', f'--task={task}', f'--seed={seed}',
+          f'--output_dir={run_dir(task, algorithm, seed)}']
+  tokens = iter(extra)
+  for token in tokens:
+    name = token.lstrip('-').split('=')[0]
+    if token.startswith('-') and algorithm not in ALGORITHM_FLAGS.get(
+        name, (algorithm,)):
+      if '=' not in token:
+        next(tokens, None)  # Its value, given as the next word.
+      continue
+    args.append(token)
+  return args
 
 
 def run_dir(task: str, algorithm: str, seed: int) -> str:
@@ -91,15 +116,14 @@ def main(argv):
   if FLAGS.report_only:
     write_reports(runs)
     return
+  common.check_run_fedcg_flags({f'{t} {a} seed {s}': run_args(t, a, s, extra)
+                                for t, a, s in runs})
   failed, failed_runs = [], set()
   started = time.monotonic()
   for n, (task, algorithm, seed) in enumerate(runs, 1):
-    directory = run_dir(task, algorithm, seed)
     label = f'[{n}/{len(runs)}] {task} {algorithm} seed {seed}'
-    print(f'{label}: {directory}', flush=True)
-    code = common.run_fedcg([f'--algorithm={algorithm}', f'--task={task}',
-                             f'--seed={seed}', f'--output_dir={directory}',
-                             *extra])
+    print(f'{label}: {run_dir(task, algorithm, seed)}', flush=True)
+    code = common.run_fedcg(run_args(task, algorithm, seed, extra))
     if code:
       failed.append((label, code))
       failed_runs.add((task, algorithm, seed))
@@ -129,29 +153,40 @@ def write_reports(runs) -> None:
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
 
   output_dir = os.path.abspath(FLAGS.output_dir)
-  results = []
+  # Everything is read before any earlier report is removed.
+  results, curves_of = [], {}
   for task, algorithm, seed in runs:
     path = os.path.join(run_dir(task, algorithm, seed), 'results.json')
-    if os.path.exists(path):
-      results.append(report.load_result(path, task, algorithm, seed))
-  if not results and FLAGS.report_only:
-    raise app.UsageError(
-        f'--report_only: none of the runs asked for has a results.json '
-        f'(looked for {run_dir(*runs[0])}/results.json and the like): check '
-        '--output_dir, --task_dirs, --algorithms and --seeds; no report '
-        'was changed')
+    if not os.path.exists(path):
+      continue
+    result = report.load_result(path, task, algorithm, seed)
+    results.append(result)
+    metrics_csv = os.path.join(os.path.dirname(path), 'metrics.csv')
+    if os.path.exists(metrics_csv):
+      curves_of.setdefault((task, algorithm), []).append(
+          report.load_curves(metrics_csv))
+    else:
+      print(f'{metrics_csv} is missing: that run is in the tables but not '
+            'in the curves', flush=True)
+  if not results:
+    if FLAGS.report_only:
+      raise app.UsageError(
+          f'--report_only: none of the runs asked for has a results.json '
+          f'(looked for {run_dir(*runs[0])}/results.json and the like): '
+          'check --output_dir, --task_dirs, --algorithms and --seeds; no '
+          'report was changed')
+    print(f'no finished run to report: the reports already in {output_dir}, '
+          'if any, were left as they were (an earlier invocation\'s)')
+    return
   # An earlier invocation's reports go next: one this invocation does not
-  # write again (no finished run, no Local for the gains) would otherwise
-  # still show runs it left out. The sweep's TensorBoard holds only them.
+  # write again (no Local for the gains) would otherwise still show runs
+  # it left out. The sweep's TensorBoard holds only them.
   for name in ['results.md', 'results.csv'] + [
       f'{kind}_{task}.{ext}' for task in FLAGS.tasks
       for kind, ext in (('paper', 'md'), ('curves', 'png'), ('gain', 'png'))]:
     if os.path.exists(os.path.join(output_dir, name)):
       os.remove(os.path.join(output_dir, name))
   shutil.rmtree(os.path.join(output_dir, 'tensorboard'), ignore_errors=True)
-  if not results:
-    print('no finished run to report')
-    return
   rows = report.table(results, FLAGS.algorithms, FLAGS.tasks)
   markdown = report.markdown(rows)
   for name, text in (('results.md', markdown),
@@ -168,14 +203,9 @@ def write_reports(runs) -> None:
   writer = tf.summary.create_file_writer(
       os.path.join(FLAGS.output_dir, 'tensorboard'))
   for task in FLAGS.tasks:
-    curves = {}
-    for algorithm in FLAGS.algorithms:
-      of_runs = [report.load_curves(os.path.join(
-                     run_dir(r.task, r.algorithm, r.seed), 'metrics.csv'))
-                 for r in results
-                 if r.task == task and r.algorithm == algorithm]
-      if of_runs:
-        curves[algorithm] = report.mean_curves(of_runs)
+    curves = {algorithm: report.mean_curves(curves_of[task, algorithm])
+              for algorithm in FLAGS.algorithms
+              if (task, algorithm) in curves_of}
     if curves:
       path = os.path.join(FLAGS.output_dir, f'curves_{task}.png')
       pixels = report.curve_chart(curves, task, path)

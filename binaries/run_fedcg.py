@@ -28,7 +28,7 @@ from binaries import common
 
 from fedcg_tff.config import CLIENT_INITS, CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
 from fedcg_tff.execution import runtime  # Before TFF starts a worker: clean shutdown.
-from fedcg_tff.names import ALGORITHMS, DP_ALGORITHMS, SECURE_ALGORITHMS, TASKS
+from fedcg_tff.names import ALGORITHM_FLAGS, ALGORITHMS, DP_ALGORITHMS, SAMPLED_TASKS, SECURE_ALGORITHMS, TASKS
 
 _DEFAULTS = FedCGConfig()
 
@@ -140,14 +140,27 @@ def config_from_flags() -> FedCGConfig:
 def _check_run_flags():
   common.at_least(1, 'rounds', 'patience', 'num_clients', 'train_per_client',
                   'server_data_size')
-  if FLAGS.server_data_size is not None and FLAGS.algorithm != 'feddf':
+  # A flag the run would ignore is refused: its value would otherwise look
+  # set in run.json while the run did without it.
+  for name, algorithms in ALGORITHM_FLAGS.items():
+    if FLAGS[name].present and FLAGS.algorithm not in algorithms:
+      raise app.UsageError(
+          f'--{name} is only used by --algorithm={"|".join(algorithms)}, '
+          f'not --algorithm={FLAGS.algorithm}')
+  if FLAGS['train_per_client'].present and FLAGS.task not in SAMPLED_TASKS:
     raise app.UsageError(
-        f'--server_data_size is only used by --algorithm=feddf, not '
-        f'--algorithm={FLAGS.algorithm}')
+        f'--train_per_client is only used by --task in {SAMPLED_TASKS}; '
+        f'--task={FLAGS.task} gives each client its domain\'s whole '
+        'training split')
   common.finite('dirichlet_alpha', 0.0, strict=True)
+  if FLAGS['dirichlet_alpha'].present and FLAGS.partition != 'dirichlet':
+    raise app.UsageError('--dirichlet_alpha is only used with '
+                         '--partition=dirichlet')
   common.finite('noise_std')
   if FLAGS.noise_std and not FLAGS.add_noise:
     raise app.UsageError('--noise_std is only used with --add_noise')
+  if FLAGS.add_noise and not FLAGS.noise_std:
+    raise app.UsageError('--add_noise needs --noise_std > 0')
 
 
 def load_task(config: FedCGConfig):
@@ -355,8 +368,6 @@ def _check_dp_flags():
     raise app.UsageError(
         f'--dp_sigma applies to --algorithm in {DP_ALGORITHMS}, not '
         f'--algorithm={FLAGS.algorithm}')
-  if FLAGS.dp_teacher_clip is not None and FLAGS.algorithm != 'fedcg':
-    raise app.UsageError('--dp_teacher_clip is only used by --algorithm=fedcg')
 
 
 def _teacher_clip():
@@ -445,19 +456,42 @@ def _print_finished(done: dict) -> None:
         f'{os.path.join(FLAGS.output_dir, "tensorboard")}')
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+def check_flags() -> FedCGConfig:
+  """Every check of the parsed flags that reads no file: the run's config."""
   config = config_from_flags()
   _check_run_flags()
   common.at_least(1, 'clients_per_round')
   _check_worker_flags()
   _check_dp_flags()
+  return config
+
+
+def check_runs(runs: dict) -> None:
+  """Parses and checks each run's flags (label -> argv without the program
+  name) as `main` does before reading any file; exits naming the first run
+  refused and why. `common.check_run_fedcg_flags` runs it in a child."""
+  for label, argv in runs.items():
+    FLAGS.unparse_flags()
+    try:
+      FLAGS(['run_fedcg', *argv])
+      check_flags()
+    except (app.UsageError, flags.Error) as e:
+      sys.exit(f'{label}: {e}')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  config = check_flags()
   # A finished run in --output_dir is reported, and a run with other flags
   # (finished or not) refused, before TensorFlow is imported. What the data
   # decides (classes, channels) is taken from the stored run: the task's
   # flags are compared.
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
+
+  if os.path.exists(FLAGS.output_dir) and not os.path.isdir(FLAGS.output_dir):
+    raise app.UsageError(f'--output_dir={FLAGS.output_dir} is a file, not a '
+                         'directory')
 
   def from_stored(stored):
     task_shape = {k: stored.get('config', {}).get(k)

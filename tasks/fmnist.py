@@ -33,8 +33,11 @@ _FILES = {
 def read_idx(path: str) -> np.ndarray:
   """Reads an IDX file (optionally gzip-compressed) into a numpy array."""
   opener = gzip.open if path.endswith('.gz') else open
-  with opener(path, 'rb') as f:
-    data = f.read()
+  try:
+    with opener(path, 'rb') as f:
+      data = f.read()
+  except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError.
+    raise ValueError(f'{path}: unreadable ({type(e).__name__}: {e})') from None
   if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
     raise ValueError(f'{path}: not an IDX file of unsigned bytes')
   ndim = data[3]

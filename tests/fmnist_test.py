@@ -30,6 +30,18 @@ def test_read_idx_rejects_bad_files(tmp_path):
     fmnist.read_idx(str(notidx))
   with pytest.raises(FileNotFoundError, match='dataset-fashion-mnist'):
     fmnist.load_idx(str(tmp_path))
+  # A web page saved under the .gz name, and a download cut short.
+  html = tmp_path / 'page.gz'
+  html.write_bytes(b'<html>Not Found</html>')
+  with pytest.raises(ValueError, match='page.gz: unreadable .BadGzipFile'):
+    fmnist.read_idx(str(html))
+  (tmp_path / 'idx').mkdir()
+  fake_data.write_fake_fmnist(str(tmp_path / 'idx'), compress=True)
+  whole = (tmp_path / 'idx' / 'train-labels-idx1-ubyte.gz').read_bytes()
+  cut = tmp_path / 'cut.gz'
+  cut.write_bytes(whole[:len(whole) // 2])
+  with pytest.raises(ValueError, match='cut.gz: unreadable .EOFError'):
+    fmnist.read_idx(str(cut))
 
 
 def test_idx_with_wrong_shape_names_the_file(tmp_path):

@@ -144,20 +144,25 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   # Relative paths, from another working directory than the repository's.
   # One seed: the mean and std over seeds are tested on results above; the
   # runs, their directories and the reports are what this checks.
-  args = ['--output_dir=sweep', '--algorithms=local,fedavg',
-          '--tasks=fmnist', '--seeds=3',
-          '--run_flags=--data_dir=idx --num_clients=2 '
-          '--train_per_client=16 --rounds=1 --local_epochs=1']
+  run_flags = ('--run_flags=--data_dir=idx --num_clients=2 '
+               '--train_per_client=16 --rounds=1 --local_epochs=1')
+  # FedProx's mu, as two words, reaches FedProx's run alone (Local's would
+  # refuse it).
+  args = ['--output_dir=sweep', '--algorithms=local,fedprox',
+          '--tasks=fmnist', '--seeds=3', run_flags + ' --prox_mu 0.02']
   proc = _sweep(args, cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  for algorithm in ('local', 'fedavg'):
-    assert (out / 'fmnist' / algorithm / 'seed_3' / 'results.json').exists()
+  for algorithm, mu in (('local', 0.01), ('fedprox', 0.02)):
+    run = out / 'fmnist' / algorithm / 'seed_3'
+    assert (run / 'results.json').exists()
+    assert json.loads((run / 'run.json').read_text())['config'][
+        'prox_mu'] == mu
   md = (out / 'results.md').read_text()
   assert '| algorithm | fmnist |' in md and '(1) |' in md
   rows = list(csv.DictReader(io.StringIO((out / 'results.csv').read_text())))
-  assert [r['algorithm'] for r in rows] == ['local', 'fedavg']
+  assert [r['algorithm'] for r in rows] == ['local', 'fedprox']
   result = json.loads(
-      (out / 'fmnist' / 'fedavg' / 'seed_3' / 'results.json').read_text())
+      (out / 'fmnist' / 'fedprox' / 'seed_3' / 'results.json').read_text())
   assert float(rows[1]['fmnist_mean']) == pytest.approx(
       100 * np.mean(result['test_accuracy_at_best_val']), abs=1e-3)
   beside = (out / 'paper_fmnist.md').read_text()
@@ -179,32 +184,42 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
     for name in ('checkpoints', 'tensorboard'):
       shutil.rmtree(os.path.join(run, name))
   shutil.copytree(out / 'fmnist', tmp_path / 'flat')
+  # A run without its metrics.csv: in the tables, not in the curves.
+  shutil.copytree(out / 'fmnist', tmp_path / 'no_csv')
+  os.remove(tmp_path / 'no_csv' / 'fedprox' / 'seed_3' / 'metrics.csv')
   # Then rerunning skips a finished run, and other run flags are refused
   # rather than mixed into the table (one of the four runs shows both).
-  # These three calls share one interpreter (one import of TensorFlow).
+  # These four calls share one interpreter (one import of TensorFlow).
   one_run = ['--output_dir=sweep', '--algorithms=local', '--tasks=fmnist',
              '--seeds=3']
   stops, done = binary_runs.main_calls('run_experiments', [
       ['--output_dir=flat', *args[1:-1], '--report_only', '--notask_dirs'],
-      [*one_run, args[-1]],
-      [*one_run, args[-1] + ' --lr=0.001'],
+      ['--output_dir=no_csv', *args[1:-1], '--report_only', '--notask_dirs'],
+      [*one_run, run_flags],
+      [*one_run, run_flags + ' --lr=0.001'],
   ], timeout=300, cwd=tmp_path)
-  assert len(stops) == 3, done.stderr[-3000:]
-  remade, again, changed = done.stdout.split('MAIN_CALL ')[:3]
-  assert stops[:2] == [None, None], (stops, done.stderr[-3000:])
+  assert len(stops) == 4, done.stderr[-3000:]
+  remade, no_csv, again, changed = done.stdout.split('MAIN_CALL ')[:4]
+  assert stops[:3] == [None, None, None], (stops, done.stderr[-3000:])
   assert (tmp_path / 'flat' / 'results.md').read_text() == table
   assert (tmp_path / 'flat' / 'paper_fmnist.md').read_text() == beside
   assert (tmp_path / 'flat' / 'curves_fmnist.png').exists()
+  assert 'seed_3/metrics.csv is missing: that run is in the tables' in no_csv
+  assert (tmp_path / 'no_csv' / 'results.md').read_text() == table
+  assert (tmp_path / 'no_csv' / 'curves_fmnist.png').exists()
   assert 'already holds' not in remade  # Nothing ran.
   assert again.count('already holds this finished run') == 1, again
-  assert stops[2] and '1 run(s) failed' in stops[2], stops
+  assert stops[3] and '1 run(s) failed' in stops[3], stops
   assert '--lr: stored 0.0003, given 0.001' in done.stderr
   assert 'already holds' not in changed
   # Its earlier result stays out of this sweep's tables.
   assert 'left out of the report: [1/1] fmnist local seed 3' in changed
-  assert 'no finished run to report' in changed, changed
-  assert not (tmp_path / 'sweep' / 'results.md').exists()  # Not the old one.
-  assert not (tmp_path / 'sweep' / 'tensorboard').exists()
+  # With no run finished, the reports of the sweep before (Local's alone)
+  # are left as they were, not removed.
+  assert 'no finished run to report: the reports already in' in changed
+  local_only = (tmp_path / 'sweep' / 'results.md').read_text()
+  assert '| local |' in local_only and 'fedprox' not in local_only
+  assert (tmp_path / 'sweep' / 'tensorboard').exists()
 
 
 @pytest.mark.parametrize('how', ['sigterm_to_the_sweep', 'ctrl_c'])
@@ -270,6 +285,13 @@ def test_sweep_rejects_bad_flags(tmp_path):
   cases = (('--algorithms=fedsgd', '--algorithms'),
            ('--seeds=1,x', '--seeds must be integers'),
            ('--seeds=1,1', '--seeds must be distinct integers'),
+           ('--algorithms=local,local', '--algorithms must be distinct'),
+           ('--run_flags=--rouns=5', "fmnist local seed 1: Unknown command "
+            "line flag 'rouns'"),
+           ('--algorithms=local --run_flags=--lr=-1',
+            'fmnist local seed 1: --lr must be finite and > 0'),
+           ('--algorithms=local,fedavg --run_flags=--prox_mu=0.1',
+            'sets --prox_mu, which only --algorithms=fedprox uses'),
            ('--run_flags=--seed=3', 'must not set --seed'),
            ('--tasks=fmnist,cifar10 --notask_dirs',
             '--notask_dirs needs one task'),

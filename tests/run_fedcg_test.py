@@ -53,15 +53,34 @@ _main = binary_runs.run_fedcg_in_process
     ('--model=vgg', 'flag --model=vgg'),
     ('--dirichlet_alpha=0', '--dirichlet_alpha must be finite and > 0'),
     ('--noise_std=0.1', '--noise_std is only used with --add_noise'),
+    ('--add_noise', '--add_noise needs --noise_std > 0'),
+    ('--dirichlet_alpha=0.1', '--dirichlet_alpha is only used with '
+     '--partition=dirichlet'),
+    ('--algorithm=fedavg --prox_mu=0.5', '--prox_mu is only used by '
+     '--algorithm=fedprox, not --algorithm=fedavg'),
+    ('--diversity_weight=2', '--diversity_weight is only used by '
+     '--algorithm=fedgen'),
+    ('--task=domainnet --train_per_client=50', '--train_per_client is only '
+     'used by --task in'),
     ('--workers=0', '--workers must be >= 1, got 0'),
     ('--worker_addresses=nohost', "--worker_addresses: 'nohost' is not "
      'host:port'),
     ('--device=gpu', '--device=gpu: TensorFlow sees no GPU'),
 ])
 def test_invalid_flag_fails_at_start_naming_it(tmp_path, flag, message):
-  error = _main([f'--output_dir={tmp_path / "out"}', flag])
+  # No data there: with its check broken, a case stops at the data, fast.
+  error = _main([f'--output_dir={tmp_path / "out"}',
+                 f'--data_dir={tmp_path / "absent"}', *flag.split()])
   assert error is not None and message in error, error
   assert not (tmp_path / 'out').exists()  # Nothing was started.
+
+
+def test_output_dir_that_is_a_file_is_refused_at_start(tmp_path):
+  path = tmp_path / 'notes.txt'
+  path.write_text('kept')
+  error = _main([f'--output_dir={path}', f'--data_dir={tmp_path / "absent"}'])
+  assert error == f'--output_dir={path} is a file, not a directory', error
+  assert path.read_text() == 'kept'
 
 
 @pytest.mark.parametrize('args,message', [
@@ -76,7 +95,8 @@ def test_invalid_flag_fails_at_start_naming_it(tmp_path, flag, message):
     (['--dp_sigma=0.1', '--dp_teacher_clip=-1'], '--dp_teacher_clip must be'),
 ])
 def test_private_aggregation_flags_are_checked(tmp_path, args, message):
-  error = _main([f'--output_dir={tmp_path / "out"}', *args])
+  error = _main([f'--output_dir={tmp_path / "out"}',
+                 f'--data_dir={tmp_path / "absent"}', *args])
   assert error is not None and message in error, error
   assert not (tmp_path / 'out').exists()
 
