@@ -107,7 +107,17 @@ def main(argv):
   common.at_least(1, 'clients', 'train_per_client', 'batch_size',
                   'local_epochs', 'gan_epochs', 'server_steps', 'rounds')
   common.at_least(0, 'warmup_rounds')
+  common.seed()
   common.check_worker_flags()
+  if FLAGS.json:
+    # Checked now, not after the benchmark has run.
+    directory = os.path.dirname(os.path.abspath(FLAGS.json))
+    if os.path.isdir(FLAGS.json) or not os.path.isdir(directory):
+      raise app.UsageError(f'--json={FLAGS.json}: not a file in an existing '
+                           'directory')
+    if not os.access(directory, os.W_OK):
+      raise app.UsageError(f'--json={FLAGS.json}: {directory} is not '
+                           'writable')
 
   from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
   from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top

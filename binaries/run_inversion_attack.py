@@ -102,15 +102,41 @@ def _read_run(path: str, algorithm: str) -> dict:
   if run.get('clients_per_round'):
     raise app.UsageError(f'--{name}={path} samples clients; attack a run '
                          'where every client takes part')
+  if run.get('client_states_on_disk'):
+    raise app.UsageError(f'--{name}={path} kept its client states on disk '
+                         '(--client_states_on_disk), outside the checkpoints '
+                         'the replay reads; attack a run without it')
   return definition
+
+
+# What decides the clients' data and networks: the FedAvg run compared
+# must share them with the FedCG run (the data's folder and source may be
+# named differently for the same files, so they are not compared).
+_SAME_DATA = {'run': ('task', 'num_clients', 'train_per_client', 'partition',
+                      'dirichlet_alpha', 'add_noise', 'noise_std'),
+              'config': ('seed', 'model', 'num_classes', 'image_channels')}
+
+
+def _check_same_data(fedcg_run: dict, fedavg_run: dict) -> None:
+  for part, names in _SAME_DATA.items():
+    for field in names:
+      ours = fedcg_run.get(part, {}).get(field)
+      theirs = fedavg_run.get(part, {}).get(field)
+      if ours != theirs:
+        raise app.UsageError(
+            f'--fedavg_run_dir={FLAGS.fedavg_run_dir} has {field} '
+            f'{theirs!r}, --run_dir={FLAGS.run_dir} {ours!r}: the FedAvg '
+            'run must be trained on the same clients\' data')
 
 
 def _check_rounds(run_dir: str, name: str, rounds: list[int]) -> None:
   """Refuses, before any work, a round R whose previous state (the save
   of round R - 1) the run does not keep."""
   from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
-  kept = checkpoint.Checkpoints(os.path.join(run_dir, 'checkpoints'),
-                                ).kept_rounds()
+  directory = os.path.join(run_dir, 'checkpoints')
+  # (Checkpoints would create a missing directory in the run's.)
+  kept = (checkpoint.Checkpoints(directory).kept_rounds()
+          if os.path.isdir(directory) else [])
   missing = [r for r in rounds if r > 1 and r - 1 not in kept]
   if missing:
     raise app.UsageError(
@@ -123,6 +149,7 @@ def _check_flags() -> list[int]:
   common.at_least(1, 'num_images', 'iterations', 'latent_iterations',
                   'latent_restarts', 'shadow_epochs', 'aux_size')
   common.finite('tv_weight')
+  common.at_least(0, 'client')
   try:
     rounds = sorted({int(r) for r in FLAGS.rounds})
   except ValueError:
@@ -218,6 +245,7 @@ def main(argv):
                 if FLAGS.fedavg_run_dir else None)
   _check_rounds(FLAGS.run_dir, 'run_dir', rounds)
   if fedavg_run is not None:
+    _check_same_data(fedcg_run, fedavg_run)
     _check_rounds(FLAGS.fedavg_run_dir, 'fedavg_run_dir', rounds)
   if os.path.exists(FLAGS.output_dir) and not os.path.isdir(FLAGS.output_dir):
     raise app.UsageError(f'--output_dir {FLAGS.output_dir!r} is a file')

@@ -142,6 +142,11 @@ def _check_flags() -> dict[str, str]:
     raise app.UsageError('--labels=infer needs --attack_batch_size=1 (use '
                          '--labels=optimize or auto)')
   common.check_dp_flags()
+  if 'fedavg_dp' not in FLAGS.algorithms:
+    for name in ('dp_sigma', 'dp_clip', 'dp_delta'):
+      if FLAGS[name].present:
+        raise app.UsageError(f'--{name} is only used with fedavg_dp in '
+                             '--algorithms')
   common.finite('adam_lr', 0.0, strict=True)
   common.at_least(0, 'client')
   common.seed()
@@ -200,8 +205,18 @@ def train(names_to_train: list[tuple[str, str, float]]) -> dict[str, str]:
 def accuracy_of(name: str, threat: str, sigma: float, path: str) -> dict:
   """The training figures of a row from its run's results.json; refuses a
   run of another algorithm or noise than the row's."""
-  with open(path) as f:
-    result = json.load(f)
+  try:
+    with open(path) as f:
+      result = json.load(f)
+    if not isinstance(result, dict):
+      raise ValueError('not a JSON object')
+    for key in ('mean_test_accuracy_at_best_val', 'rounds_run'):
+      if key not in result:
+        raise ValueError(f'no {key!r}')
+  except (OSError, ValueError) as e:
+    raise app.UsageError(f'--results: {path} ({name}) is not the '
+                         f'results.json of a finished run_fedcg run ({e})'
+                         ) from None
   algorithm, client_init = trained_as(threat)
   if result.get('algorithm') != algorithm:
     raise app.UsageError(f'--results: {path} is a run of '
@@ -260,10 +275,15 @@ def main(argv):
   if os.path.exists(FLAGS.output_dir) and not os.path.isdir(FLAGS.output_dir):
     raise app.UsageError(f'--output_dir {FLAGS.output_dir!r} is a file')
   started = time.monotonic()
+  # The runs given are checked before any other row trains.
+  given = {name: accuracy_of(name, threat, sigma, results[name])
+           for name, threat, sigma in table_rows if name in results}
   if FLAGS.train_dir:
-    results.update(train([r for r in table_rows if r[0] not in results]))
-  training = {name: accuracy_of(name, threat, sigma, results[name])
-              for name, threat, sigma in table_rows if name in results}
+    trained = train([r for r in table_rows if r[0] not in results])
+    given.update({name: accuracy_of(name, threat, sigma, trained[name])
+                  for name, threat, sigma in table_rows if name in trained})
+  training = {name: given[name] for name, _, _ in table_rows
+              if name in given}
 
   # The project's TF modules load here: bad flags and failed training stop
   # before.

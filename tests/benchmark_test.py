@@ -21,11 +21,17 @@ def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
           '--server_steps=2']
   stops, done = binary_runs.main_calls('benchmark', [
       [*tiny, '--clients=0'],
+      [*tiny, '--seed=-1'],
+      [*tiny, f'--json={tmp_path / "absent" / "bench.json"}'],
       [*tiny, '--warmup_rounds=1', '--rounds=2', f'--json={out}'],
   ])
-  assert len(stops) == 2, done.stderr[-3000:]
+  assert len(stops) == 4, done.stderr[-3000:]
   assert 'clients' in stops[0] and '>= 1' in stops[0]
-  assert stops[1] is None, done.stderr[-3000:]
+  assert '--seed must be in [0, 2147483647], got -1' in stops[1], stops[1]
+  assert stops[2] and 'not a file in an existing directory' in stops[2]
+  assert stops[3] is None, done.stderr[-3000:]
+  # The refused ones stopped before any round: one run's output alone.
+  assert done.stdout.count('peak RSS') == 1
 
   result = json.loads(out.read_text())
   assert result['host'] == devices.host_cpu()

@@ -538,9 +538,26 @@ def test_binary_names_the_bad_flag(tmp_path):
   data_dir = tmp_path / 'data'
   data_dir.mkdir()
   fake_data.write_fake_fmnist(str(data_dir), n_train=80, n_test=40)
+  not_json = tmp_path / 'metrics.csv'
+  not_json.write_text('round,val_accuracy\n1,0.5\n')
+  no_accuracy = tmp_path / 'run.json'
+  no_accuracy.write_text(json.dumps({'config': {}, 'run': {}}))
   cases = [
       (['--num_images=3', '--attack_batch_size=2'], '--num_images=3'),
       (['--results=fedsplit=/nonexistent.json'], '--results'),
+      # A file that is not a run's results.json (here metrics-like text),
+      # refused before the other rows would train.
+      (['--algorithms=fedavg,fedcg', f'--train_dir={tmp_path / "train"}',
+        f'--data_dir={tmp_path / "absent"}', f'--results=fedavg={not_json}'],
+       f'--results: {not_json} (fedavg) is not the results.json of a '
+       'finished run_fedcg run'),
+      (['--algorithms=fedavg', f'--results=fedavg={no_accuracy}'],
+       "(fedavg) is not the results.json of a finished run_fedcg run (no "
+       "'mean_test_accuracy_at_best_val')"),
+      (['--algorithms=fedavg', '--dp_sigma=0.1'],
+       '--dp_sigma is only used with fedavg_dp in --algorithms'),
+      (['--algorithms=fedavg,fedcg', '--dp_clip=3'],
+       '--dp_clip is only used with fedavg_dp in --algorithms'),
       # A shared-init FedCG run cannot stand for the private-init row.
       (['--algorithms=fedcg_private', f'--results=fedcg_private={shared_run}'],
        "trained with client_init 'shared', row fedcg_private needs 'private'"),

@@ -333,14 +333,48 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
   state is not kept is refused before any work."""
   run, _, _ = fedcg_run
   out = tmp_path / 'inversion'
-  # The attack, then a refused round, in one interpreter (one import).
+  # Runs the attack must refuse, by their run.json alone.
+  definition = json.loads((run / 'run.json').read_text())
+  fakes = {}
+  for name, part, changes in (
+      ('on_disk', 'run', {'client_states_on_disk': True}),
+      ('fedavg_seed_9', 'config', {'seed': 9}),
+      ('fedavg_tpc', 'run', {'train_per_client': 17}),
+      ('fedavg_no_saves', 'run', {})):
+    fake = json.loads(json.dumps(definition))
+    fake[part].update(changes)
+    if name.startswith('fedavg'):
+      fake['run']['algorithm'] = 'fedavg'
+    (tmp_path / name).mkdir()
+    (tmp_path / name / 'run.json').write_text(json.dumps(fake))
+    fakes[name] = tmp_path / name
+  refused = tmp_path / 'refused'
+  # The attack, then refused inputs, in one interpreter (one import).
   stops, done = binary_runs.main_calls('run_inversion_attack', [
       [f'--run_dir={run}', '--rounds=1,4', '--num_images=2',
        '--iterations=5', '--latent_iterations=5', '--latent_restarts=1',
        '--shadow_epochs=1', '--aux_size=24', f'--output_dir={out}'],
-      [f'--run_dir={run}', '--rounds=1,9', f'--output_dir={tmp_path / "x"}'],
+      [f'--run_dir={run}', '--rounds=1,9', f'--output_dir={refused}'],
+      [f'--run_dir={run}', '--client=-1', f'--output_dir={refused}'],
+      [f'--run_dir={fakes["on_disk"]}', f'--output_dir={refused}'],
+      [f'--run_dir={run}', f'--fedavg_run_dir={fakes["fedavg_seed_9"]}',
+       f'--output_dir={refused}'],
+      [f'--run_dir={run}', f'--fedavg_run_dir={fakes["fedavg_tpc"]}',
+       f'--output_dir={refused}'],
+      [f'--run_dir={run}', f'--fedavg_run_dir={fakes["fedavg_no_saves"]}',
+       '--rounds=4', f'--output_dir={refused}'],
   ])
-  assert len(stops) == 2 and stops[0] is None, (stops, done.stderr[-3000:])
+  assert len(stops) == 7 and stops[0] is None, (stops, done.stderr[-3000:])
+  for stopped, message in zip(stops[2:], (
+      '--client must be >= 0, got -1',
+      'on_disk kept its client states on disk',
+      'has seed 9, --run_dir=',
+      'has train_per_client 17, --run_dir=',
+      'round 4 needs the state after round 3, which --fedavg_run_dir=')):
+    assert stopped and message in stopped, (stopped, message)
+  # Nothing written, not even into the runs read.
+  assert not refused.exists()
+  assert not (fakes['fedavg_no_saves'] / 'checkpoints').exists()
   summary = json.loads((out / 'inversion.json').read_text())
   rows = {(r['round'], r['extractor'], r['target']) for r in summary['rows']}
   assert rows == {(r, e, t) for r in (1, 4)
@@ -357,7 +391,6 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
   assert (out / 'grid_round_4.png').stat().st_size > 1000
   assert ('--rounds: round 9 needs the state after round 8' in stops[1]
           and 'rounds [3, 4]' in stops[1]), stops[1]
-  assert not (tmp_path / 'x').exists()
 
 
 def test_replay_draws_reach_the_run_and_the_attack(data_dir, tmp_path,
