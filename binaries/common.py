@@ -210,6 +210,9 @@ def _end(child: subprocess.Popen, grace: float) -> None:
   try:
     for stop in (None, child.terminate, child.kill):
       if stop is not None:
+        print(f'stopping the run (pid {child.pid}) with '
+              f'{"SIGTERM" if stop == child.terminate else "SIGKILL"}',
+              file=sys.stderr, flush=True)
         stop()
       try:
         child.wait(timeout=grace)

@@ -222,11 +222,14 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   assert (tmp_path / 'sweep' / 'tensorboard').exists()
 
 
-@pytest.mark.parametrize('how', ['sigterm_to_the_sweep', 'ctrl_c'])
+@pytest.mark.parametrize('how', ['sigterm_to_the_sweep', 'ctrl_c',
+                                 'ctrl_c_from_a_terminal'])
 def test_terminated_sweep_ends_its_run(tmp_path, how):
   """SIGTERM to the sweep alone (`kill <its pid>`) ends its run too, which
   would otherwise go on as an orphan that a rerun of the sweep meets in the
-  run's directory; Ctrl-C (SIGINT to both) lets the run end by itself."""
+  run's directory; Ctrl-C (SIGINT to both) lets the run end by itself. A
+  terminal's Ctrl-C reaches the whole foreground process group at once:
+  the sweep, the run and the run's TFF worker."""
   data = tmp_path / 'idx'
   data.mkdir()
   fake_data.write_fake_fmnist(str(data), n_train=64, n_test=40)
@@ -264,14 +267,26 @@ def test_terminated_sweep_ends_its_run(tmp_path, how):
       time.sleep(2)
       assert run.is_running() and sweep.poll() is None
       run.send_signal(signal.SIGINT)
-      sweep.communicate(timeout=common.CHILD_STOP_SECONDS + 60)
+      _, err = sweep.communicate(timeout=common.CHILD_STOP_SECONDS + 60)
       assert sweep.returncode != 0
+    elif how == 'ctrl_c_from_a_terminal':
+      assert {p.pid for p in tree if p.cmdline()[:1] != [sys.executable]}, (
+          'the run has no worker process to reach', tree)
+      assert all(os.getpgid(p.pid) == sweep.pid for p in tree)
+      os.killpg(sweep.pid, signal.SIGINT)  # The sweep's own group.
+      _, err = sweep.communicate(timeout=common.CHILD_STOP_SECONDS + 60)
+      assert sweep.returncode != 0
+      # The round saved before the signal is still there to resume from.
+      assert (run_dir / 'checkpoints' / 'round_1').exists()
     else:
       sweep.send_signal(signal.SIGTERM)
-      sweep.communicate(timeout=common.CHILD_STOP_SECONDS + 60)
+      _, err = sweep.communicate(timeout=common.CHILD_STOP_SECONDS + 60)
       assert sweep.returncode == 128 + signal.SIGTERM
     _, alive = psutil.wait_procs(tree, timeout=30)
     assert not alive, alive
+    # After Ctrl-C the run stopped by itself; SIGTERM to the sweep stops it.
+    stopped = 'stopping the run (pid' in err
+    assert stopped == (how == 'sigterm_to_the_sweep'), how
   finally:
     binary_runs.kill_tree(sweep)
     for process in tree:  # An orphaned run, if the sweep left one.
