@@ -161,6 +161,30 @@ def _child_env() -> dict:
       p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
 
 
+def run_flags_for(algorithm: str, task: str,
+                  tokens: Sequence[str]) -> list[str]:
+  """`tokens` (run_fedcg flags) less those only other algorithms or tasks
+  use (`names.ALGORITHM_FLAGS`, `names.TASK_FLAGS`), which run_fedcg would
+  refuse: one sweep can set FedProx's mu beside FedCG, or the images per
+  client beside a domain task."""
+  from fedcg_tff.names import ALGORITHM_FLAGS, TASK_FLAGS  # pylint: disable=g-import-not-at-top
+  kept = []
+  tokens = iter(tokens)
+  for token in tokens:
+    name = token.lstrip('-').split('=')[0]
+    if token.startswith('-') and (
+        algorithm not in ALGORITHM_FLAGS.get(name, (algorithm,)) or
+        task not in TASK_FLAGS.get(name, (task,))):
+      if '=' not in token:
+        next(tokens, None)  # Its value, given as the next word.
+      continue
+    kept.append(token)
+  return kept
+
+
+REFUSED = 2  # run_fedcg.check_runs' exit code for a refused run.
+
+
 def check_run_fedcg_flags(runs: dict) -> None:
   """Checks the flags of `run_fedcg` runs (label -> args) as each run would
   at its start, all in one child interpreter (run_fedcg's flags cannot be
@@ -173,8 +197,12 @@ def check_run_fedcg_flags(runs: dict) -> None:
        'run_fedcg.check_runs(json.loads(sys.stdin.read()))\n'],
       input=json.dumps(runs), env=_child_env(), capture_output=True,
       text=True, check=False)
+  if done.returncode == REFUSED:
+    # The refusal is check_runs' last line (anything before it is logging).
+    raise app.UsageError(done.stderr.strip().splitlines()[-1])
   if done.returncode:
-    raise app.UsageError(f'--run_flags: {done.stderr.strip()}')
+    raise RuntimeError(f'checking the runs\' flags failed (exit '
+                       f'{done.returncode}): {done.stderr.strip()}')
 
 
 def run_fedcg(args: Sequence[str]) -> int:

@@ -37,13 +37,15 @@ from absl import flags
 from binaries import common
 # SIGTERM and SIGHUP end the sweep like Ctrl-C, and its run with it.
 from fedcg_tff.execution import runtime  # pylint: disable=unused-import
-from fedcg_tff.names import ALGORITHM_FLAGS, ALGORITHMS, TASKS
+from fedcg_tff.names import ALGORITHM_FLAGS, ALGORITHMS, TASK_FLAGS, TASKS
 
 flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run.')
 flags.DEFINE_list('tasks', ['fmnist'], 'Tasks to run.')
 flags.DEFINE_list('seeds', ['1', '2', '3', '4', '5'], 'Seeds to run.')
 flags.DEFINE_string('run_flags', '', 'Further flags for every run, e.g. '
-                    '"--rounds=10 --local_epochs=1 --data_dir=..."')
+                    '"--rounds=10 --local_epochs=1 --data_dir=..."; a flag '
+                    'only some algorithms or tasks use (--prox_mu, '
+                    '--train_per_client, ...) goes only to their runs.')
 flags.DEFINE_string('output_dir', None, 'Directory of the sweep.')
 flags.mark_flag_as_required('output_dir')
 flags.DEFINE_bool('task_dirs', True, 'Runs under <output_dir>/<task>/'
@@ -74,31 +76,23 @@ def _check_flags() -> tuple[list[int], list[str]]:
     if name in _OWNED:
       raise app.UsageError(f'--run_flags must not set --{name}: the sweep '
                            'sets it for each run')
-    users = ALGORITHM_FLAGS.get(name) if flag.startswith('-') else None
-    if users and not set(users) & set(FLAGS.algorithms):
-      raise app.UsageError(
-          f'--run_flags sets --{name}, which only --algorithms='
-          f'{"|".join(users)} uses, and --algorithms has none of them')
+    for kind, table in (('algorithms', ALGORITHM_FLAGS),
+                        ('tasks', TASK_FLAGS)):
+      users = table.get(name) if flag.startswith('-') else None
+      if users and not set(users) & set(FLAGS[kind].value):
+        raise app.UsageError(
+            f'--run_flags sets --{name}, which only --{kind}='
+            f'{"|".join(users)} use, and --{kind} has none of them')
   return seeds, extra
 
 
 def run_args(task: str, algorithm: str, seed: int,
              extra: list[str]) -> list[str]:
   """The flags of one run: the sweep's four and --run_flags, less the
-  flags only other algorithms use (`names.ALGORITHM_FLAGS`), which
-  run_fedcg would refuse: one sweep can set FedProx's mu beside FedCG."""
-  args = [f'--algorithm={algorithm}', f'--task={task}', f'--seed={seed}',
-          f'--output_dir={run_dir(task, algorithm, seed)}']
-  tokens = iter(extra)
-  for token in tokens:
-    name = token.lstrip('-').split('=')[0]
-    if token.startswith('-') and algorithm not in ALGORITHM_FLAGS.get(
-        name, (algorithm,)):
-      if '=' not in token:
-        next(tokens, None)  # Its value, given as the next word.
-      continue
-    args.append(token)
-  return args
+  flags only other algorithms or tasks use (`common.run_flags_for`)."""
+  return [f'--algorithm={algorithm}', f'--task={task}', f'--seed={seed}',
+          f'--output_dir={run_dir(task, algorithm, seed)}',
+          *common.run_flags_for(algorithm, task, extra)]
 
 
 def run_dir(task: str, algorithm: str, seed: int) -> str:

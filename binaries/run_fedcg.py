@@ -28,7 +28,7 @@ from binaries import common
 
 from fedcg_tff.config import CLIENT_INITS, CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
 from fedcg_tff.execution import runtime  # Before TFF starts a worker: clean shutdown.
-from fedcg_tff.names import ALGORITHM_FLAGS, ALGORITHMS, DP_ALGORITHMS, SAMPLED_TASKS, SECURE_ALGORITHMS, TASKS
+from fedcg_tff.names import ALGORITHM_FLAGS, ALGORITHMS, DP_ALGORITHMS, SECURE_ALGORITHMS, TASK_FLAGS, TASKS
 
 _DEFAULTS = FedCGConfig()
 
@@ -147,11 +147,11 @@ def _check_run_flags():
       raise app.UsageError(
           f'--{name} is only used by --algorithm={"|".join(algorithms)}, '
           f'not --algorithm={FLAGS.algorithm}')
-  if FLAGS['train_per_client'].present and FLAGS.task not in SAMPLED_TASKS:
-    raise app.UsageError(
-        f'--train_per_client is only used by --task in {SAMPLED_TASKS}; '
-        f'--task={FLAGS.task} gives each client its domain\'s whole '
-        'training split')
+  for name, tasks in TASK_FLAGS.items():
+    if FLAGS[name].present and FLAGS.task not in tasks:
+      raise app.UsageError(
+          f'--{name} is only used by --task in {tasks}, not '
+          f'--task={FLAGS.task}')
   common.finite('dirichlet_alpha', 0.0, strict=True)
   if FLAGS['dirichlet_alpha'].present and FLAGS.partition != 'dirichlet':
     raise app.UsageError('--dirichlet_alpha is only used with '
@@ -473,10 +473,13 @@ def check_runs(runs: dict) -> None:
   for label, argv in runs.items():
     FLAGS.unparse_flags()
     try:
-      FLAGS(['run_fedcg', *argv])
+      rest = FLAGS(['run_fedcg', *argv])
+      if len(rest) > 1:
+        raise app.UsageError(f'Unexpected arguments: {rest[1:]}')
       check_flags()
     except (app.UsageError, flags.Error) as e:
-      sys.exit(f'{label}: {e}')
+      print(f'{label}: {e}', file=sys.stderr)
+      sys.exit(common.REFUSED)
 
 
 def main(argv):

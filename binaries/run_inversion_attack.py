@@ -118,10 +118,17 @@ _SAME_DATA = {'run': ('task', 'num_clients', 'train_per_client', 'partition',
 
 
 def _check_same_data(fedcg_run: dict, fedavg_run: dict) -> None:
+  """Refuses a FedAvg run of other data; an unset --num_clients (the task's
+  default) is compared once the tasks are loaded, the Dirichlet alpha only
+  where the split is Dirichlet's."""
   for part, names in _SAME_DATA.items():
     for field in names:
       ours = fedcg_run.get(part, {}).get(field)
       theirs = fedavg_run.get(part, {}).get(field)
+      if (field == 'num_clients' and None in (ours, theirs)) or (
+          field == 'dirichlet_alpha' and
+          fedcg_run['run'].get('partition') != 'dirichlet'):
+        continue
       if ours != theirs:
         raise app.UsageError(
             f'--fedavg_run_dir={FLAGS.fedavg_run_dir} has {field} '
@@ -129,14 +136,20 @@ def _check_same_data(fedcg_run: dict, fedavg_run: dict) -> None:
             'run must be trained on the same clients\' data')
 
 
+def _saves(run_dir: str):
+  """The run's `Checkpoints`, or None if it has none: TFF's state manager
+  would create a missing directory inside the run read."""
+  from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
+  directory = os.path.join(run_dir, 'checkpoints')
+  return (checkpoint.Checkpoints(directory) if os.path.isdir(directory)
+          else None)
+
+
 def _check_rounds(run_dir: str, name: str, rounds: list[int]) -> None:
   """Refuses, before any work, a round R whose previous state (the save
   of round R - 1) the run does not keep."""
-  from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
-  directory = os.path.join(run_dir, 'checkpoints')
-  # (Checkpoints would create a missing directory in the run's.)
-  kept = (checkpoint.Checkpoints(directory).kept_rounds()
-          if os.path.isdir(directory) else [])
+  saves = _saves(run_dir)
+  kept = saves.kept_rounds() if saves is not None else []
   missing = [r for r in rounds if r > 1 and r - 1 not in kept]
   if missing:
     raise app.UsageError(
@@ -166,7 +179,6 @@ class _Replay:
   def __init__(self, run_dir: str, definition: dict, aux_size: int):
     from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
     from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
-    from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
     from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
     run = definition['run']
     self.run = run
@@ -198,16 +210,17 @@ class _Replay:
                            'DP-FedCG runs are replayed with their noise')
     self.driver = catalog.build(run['algorithm'], self.config,
                                 self.task.num_clients, **aggregation)
-    self.checkpoints = checkpoint.Checkpoints(
-        os.path.join(run_dir, 'checkpoints'))
     self.run_dir = run_dir
 
   def state_after(self, rounds_done: int):
     from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
     from fedcg_tff.program import round_loop  # pylint: disable=g-import-not-at-top
+    saves = _saves(self.run_dir)
     try:
+      if rounds_done and saves is None:
+        raise ValueError(f'{self.run_dir} has no checkpoints')
       return round_loop.saved_algorithm_state(
-          self.driver, self.checkpoints, rounds_done, self.task.num_clients)
+          self.driver, saves, rounds_done, self.task.num_clients)
     except (ValueError, checkpoint.DamagedState) as e:
       raise app.UsageError(f'--rounds: round {rounds_done + 1} needs the '
                            f'state after round {rounds_done}: {e}')
@@ -334,6 +347,12 @@ def main(argv):
   replayed = {r: replay.client_round(r, FLAGS.client) for r in rounds}
   fedavg = (_Replay(FLAGS.fedavg_run_dir, fedavg_run, FLAGS.aux_size)
             if fedavg_run is not None else None)
+  if fedavg and fedavg.task.client_names != task.client_names:
+    # (--num_clients unset in one run.json: the task's default.)
+    raise app.UsageError(
+        f'--fedavg_run_dir={FLAGS.fedavg_run_dir} has clients '
+        f'{", ".join(fedavg.task.client_names)}, --run_dir={FLAGS.run_dir} '
+        f'{", ".join(task.client_names)}')
   fedavg_uploads = {r: fedavg.client_round(r, FLAGS.client)[2].upload
                     for r in rounds} if fedavg else {}
   templates = training_tf.InitialNetworks(config, ('generator', 'classifier'))

@@ -174,25 +174,39 @@ def _check_flags() -> dict[str, str]:
   return results
 
 
+def _training_command(name: str, threat: str, sigma: float) -> list[str]:
+  """run_fedcg's flags for a row's training run into <train_dir>/<name>
+  (less those its algorithm or task does not use: `common.run_flags_for`)."""
+  algorithm, client_init = trained_as(threat)
+  directory = os.path.join(os.path.abspath(FLAGS.train_dir), name)
+  command = [f'--algorithm={algorithm}', f'--client_init={client_init}',
+             f'--seed={FLAGS.seed}', f'--task={FLAGS.task}',
+             f'--output_dir={directory}']
+  for flag in ('data_dir', 'data_source', 'num_clients', 'train_per_client'):
+    if FLAGS[flag].value is not None:
+      command.append(f'--{flag}={FLAGS[flag].value}')
+  if sigma:
+    command += [f'--dp_sigma={sigma!r}', f'--dp_clip={FLAGS.dp_clip!r}',
+                f'--dp_delta={FLAGS.dp_delta!r}']
+  return common.run_flags_for(algorithm, FLAGS.task,
+                              command + shlex.split(FLAGS.train_flags))
+
+
 def train(names_to_train: list[tuple[str, str, float]]) -> dict[str, str]:
-  """Runs run_fedcg for each row into <train_dir>/<name>; returns the
-  results.json of each finished run."""
+  """Runs run_fedcg for each row into <train_dir>/<name>, every run's flags
+  checked before the first starts; returns the results.json of each."""
+  commands = {name: _training_command(name, threat, sigma)
+              for name, threat, sigma in names_to_train}
+  try:
+    if commands:
+      common.check_run_fedcg_flags(commands)
+  except app.UsageError as e:
+    raise app.UsageError(f'--train_flags or the flags passed on: training '
+                         f'run {e}') from None
   found = {}
-  for n, (name, threat, sigma) in enumerate(names_to_train, 1):
+  for n, (name, command) in enumerate(commands.items(), 1):
     directory = os.path.join(os.path.abspath(FLAGS.train_dir), name)
-    algorithm, client_init = trained_as(threat)
-    command = [f'--algorithm={algorithm}', f'--client_init={client_init}',
-               f'--seed={FLAGS.seed}',
-               f'--task={FLAGS.task}', f'--output_dir={directory}']
-    for flag in ('data_dir', 'data_source', 'num_clients',
-                 'train_per_client'):
-      if FLAGS[flag].value is not None:
-        command.append(f'--{flag}={FLAGS[flag].value}')
-    if sigma:
-      command += [f'--dp_sigma={sigma!r}', f'--dp_clip={FLAGS.dp_clip!r}',
-                  f'--dp_delta={FLAGS.dp_delta!r}']
-    command += shlex.split(FLAGS.train_flags)
-    print(f'[train {n}/{len(names_to_train)}] {name}: run_fedcg '
+    print(f'[train {n}/{len(commands)}] {name}: run_fedcg '
           f'{shlex.join(command)}', flush=True)
     code = common.run_fedcg(command)
     if code:
@@ -279,11 +293,10 @@ def main(argv):
   given = {name: accuracy_of(name, threat, sigma, results[name])
            for name, threat, sigma in table_rows if name in results}
   if FLAGS.train_dir:
-    trained = train([r for r in table_rows if r[0] not in results])
-    given.update({name: accuracy_of(name, threat, sigma, trained[name])
-                  for name, threat, sigma in table_rows if name in trained})
-  training = {name: given[name] for name, _, _ in table_rows
-              if name in given}
+    results.update(train([r for r in table_rows if r[0] not in results]))
+  training = {name: given.get(name) or accuracy_of(name, threat, sigma,
+                                                   results[name])
+              for name, threat, sigma in table_rows if name in results}
 
   # The project's TF modules load here: bad flags and failed training stop
   # before.

@@ -16,11 +16,13 @@ SECURE_ALGORITHMS = ('fedavg', 'fedprox', 'fedsplit', 'fedcg')
 # privacy.dlg_tf.THREAT_MODEL_NAMES: `run_privacy_attack --algorithms`.
 PRIVACY_ALGORITHMS = ('fedavg', 'fedprox', 'fedavg_dp', 'fedsplit',
                       'fedsplit_private', 'fedcg', 'fedcg_private')
-# Flags that only some algorithms use: `run_fedcg` refuses them for the
-# others, and `run_experiments` passes them only to those algorithms' runs.
+# Flags that only some algorithms or tasks use: `run_fedcg` refuses them
+# for the others; the sweep and the privacy attack pass them only to the
+# runs that use them (`binaries.common.run_flags_for`).
 ALGORITHM_FLAGS = {'prox_mu': ('fedprox',), 'diversity_weight': ('fedgen',),
                    'server_data_size': ('feddf',),
                    'dp_teacher_clip': ('fedcg',)}
 # Tasks that draw --train_per_client training images per client; the other
 # (domain) tasks give each client its domain's whole training split.
 SAMPLED_TASKS = ('fmnist', 'fmnist_shift', 'cifar10', 'digit5')
+TASK_FLAGS = {'train_per_client': SAMPLED_TASKS}

@@ -9,6 +9,7 @@ downloads it where the network allows).
 
 import gzip
 import os
+import zlib
 
 import numpy as np
 
@@ -36,7 +37,8 @@ def read_idx(path: str) -> np.ndarray:
   try:
     with opener(path, 'rb') as f:
       data = f.read()
-  except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError.
+  # gzip.BadGzipFile is an OSError; a corrupt stream raises zlib.error.
+  except (OSError, EOFError, zlib.error) as e:
     raise ValueError(f'{path}: unreadable ({type(e).__name__}: {e})') from None
   if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
     raise ValueError(f'{path}: not an IDX file of unsigned bytes')

@@ -42,6 +42,12 @@ def test_read_idx_rejects_bad_files(tmp_path):
   cut.write_bytes(whole[:len(whole) // 2])
   with pytest.raises(ValueError, match='cut.gz: unreadable .EOFError'):
     fmnist.read_idx(str(cut))
+  # A valid gzip header before a deflate block of the reserved type 11.
+  flipped = tmp_path / 'flipped.gz'
+  flipped.write_bytes(b'\x1f\x8b\x08\x00' + bytes(4) + b'\x00\xff' +
+                      b'\xff' * 16)
+  with pytest.raises(ValueError, match='flipped.gz: unreadable .error'):
+    fmnist.read_idx(str(flipped))
 
 
 def test_idx_with_wrong_shape_names_the_file(tmp_path):

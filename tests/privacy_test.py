@@ -483,18 +483,31 @@ def test_binary_writes_table_2_grid_and_tensorboard(tmp_path):
   results.write_text(json.dumps({
       'algorithm': 'fedavg', 'mean_test_accuracy_at_best_val': 0.625,
       'rounds_run': 3}))
+  dp_results = tmp_path / 'fedavg_dp_results.json'
+  dp_results.write_text(json.dumps({
+      'algorithm': 'fedavg', 'mean_test_accuracy_at_best_val': 0.5,
+      'rounds_run': 2,
+      'dp': {'dp_sigma': 0.1, 'dp_clip': 10.0, 'dp_delta': 1e-5}}))
   out = tmp_path / 'out'
+  # FedCG's row is trained (one tiny round; --prox_mu, FedProx's alone,
+  # does not reach it), the others are given.
   proc = _binary(
       f'--output_dir={out}', f'--data_dir={data_dir}', '--num_clients=2',
       '--train_per_client=20', '--num_images=2', '--iterations=5',
       '--algorithms=fedavg,fedavg_dp,fedcg', '--dp_sigma=0.1',
-      f'--results=fedavg={results}')
+      f'--results=fedavg={results},fedavg_dp0.1={dp_results}',
+      f'--train_dir={tmp_path / "train"}',
+      '--train_flags=--rounds=1 --local_epochs=1 --gan_epochs=1 '
+      '--server_epochs=1 --server_steps_per_epoch=2 --prox_mu=0.5')
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert '[fedcg 2/2] PSNR' in proc.stdout
+  trained = json.loads(
+      (tmp_path / 'train' / 'fedcg' / 'results.json').read_text())
   table = (out / 'privacy.md').read_text()
   assert '| FedAvg | 62.50 (3 rounds) |' in table
-  assert '| FedAvg DP 0.1 | — |' in table
-  assert '| FedCG (shared init) | — |' in table
+  assert '| FedAvg DP 0.1 | 50.00 (2 rounds) |' in table
+  accuracy = 100 * trained['mean_test_accuracy_at_best_val']
+  assert f'| FedCG (shared init) | {accuracy:.2f} (1 rounds) |' in table
   assert 'For scale, constant images score: black' in table
   with open(out / 'privacy.csv') as f:
     rows = list(csv.DictReader(f))
@@ -502,6 +515,8 @@ def test_binary_writes_table_2_grid_and_tensorboard(tmp_path):
   assert rows[1]['epsilon_gradient'] == f'{dp.epsilon(0.1, 10.0, 1):.6g}'
   summary = json.loads((out / 'privacy.json').read_text())
   assert len(summary['rows']['fedcg']['psnr']) == 2
+  assert summary['training']['fedcg']['results'] == str(
+      tmp_path / 'train' / 'fedcg' / 'results.json')
   assert (out / 'reconstructions.png').stat().st_size > 1000
   events = os.listdir(out / 'tensorboard')
   assert events and events[0].startswith('events.out.tfevents')

@@ -5,6 +5,7 @@ import glob
 import io
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -306,7 +307,12 @@ def test_sweep_rejects_bad_flags(tmp_path):
            ('--algorithms=local --run_flags=--lr=-1',
             'fmnist local seed 1: --lr must be finite and > 0'),
            ('--algorithms=local,fedavg --run_flags=--prox_mu=0.1',
-            'sets --prox_mu, which only --algorithms=fedprox uses'),
+            'sets --prox_mu, which only --algorithms=fedprox use'),
+           ('--tasks=office_caltech10 --run_flags=--train_per_client=5',
+            'sets --train_per_client, which only --tasks=fmnist|'),
+           # A value given, as a word of its own, to a flag that takes none.
+           ("--algorithms=local --run_flags='--add_noise 1 --noise_std=0.1'",
+            "fmnist local seed 1: Unexpected arguments: ['1']"),
            ('--run_flags=--seed=3', 'must not set --seed'),
            ('--tasks=fmnist,cifar10 --notask_dirs',
             '--notask_dirs needs one task'),
@@ -315,7 +321,7 @@ def test_sweep_rejects_bad_flags(tmp_path):
   # One interpreter for them all.
   stops, done = binary_runs.main_calls(
       'run_experiments',
-      [[f'--output_dir={tmp_path}', *flag.split()] for flag, _ in cases],
+      [[f'--output_dir={tmp_path}', *shlex.split(flag)] for flag, _ in cases],
       timeout=120)
   assert len(stops) == len(cases), done.stderr[-3000:]
   for (flag, message), stopped in zip(cases, stops):

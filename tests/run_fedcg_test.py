@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from binaries import run_fedcg
+from fedcg_tff import names
 from fedcg_tff.execution import devices
 from tasks import image_task
 from tests import binary_runs
@@ -183,6 +184,12 @@ def test_flags_list_every_registered_algorithm_and_task():
   assert run_fedcg.ALGORITHMS == catalog.ALGORITHMS
   assert run_fedcg.TASKS == tuple(registry.TASKS)
   assert config.MODELS == families.MODELS
+  # The flags that only some algorithms or tasks use are run_fedcg flags,
+  # naming algorithms and tasks that exist.
+  for table, known in ((names.ALGORITHM_FLAGS, catalog.ALGORITHMS),
+                       (names.TASK_FLAGS, registry.TASKS)):
+    for flag, users in table.items():
+      assert flag in flags.FLAGS and users and set(users) <= set(known), flag
 
 
 def test_task_errors_name_the_flag(tmp_path):
@@ -363,9 +370,16 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
        f'--output_dir={refused}'],
       [f'--run_dir={run}', f'--fedavg_run_dir={fakes["fedavg_no_saves"]}',
        '--rounds=4', f'--output_dir={refused}'],
+      # Round 1 of a FedAvg run without saves (the fresh state) works.
+      [f'--run_dir={run}', f'--fedavg_run_dir={fakes["fedavg_no_saves"]}',
+       '--rounds=1', '--num_images=1', '--iterations=1',
+       '--latent_iterations=1', '--latent_restarts=1', '--shadow_epochs=1',
+       '--aux_size=24', f'--output_dir={tmp_path / "round_1"}'],
   ])
-  assert len(stops) == 7 and stops[0] is None, (stops, done.stderr[-3000:])
-  for stopped, message in zip(stops[2:], (
+  assert len(stops) == 8 and stops[0] is None, (stops, done.stderr[-3000:])
+  assert stops[7] is None, stops[7]
+  assert (tmp_path / 'round_1' / 'inversion.md').exists()
+  for stopped, message in zip(stops[2:7], (
       '--client must be >= 0, got -1',
       'on_disk kept its client states on disk',
       'has seed 9, --run_dir=',
