@@ -29,6 +29,7 @@ from binaries import common
 from fedcg_tff.config import CLIENT_INITS, CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
 from fedcg_tff.execution import runtime  # Before TFF starts a worker: clean shutdown.
 from fedcg_tff.names import ALGORITHM_FLAGS, ALGORITHMS, DP_ALGORITHMS, SECURE_ALGORITHMS, TASK_FLAGS, TASKS
+from tasks import partition  # Numpy only: flags are checked before TF.
 
 _DEFAULTS = FedCGConfig()
 
@@ -152,7 +153,7 @@ def _check_run_flags():
       raise app.UsageError(
           f'--{name} is only used by --task in {tasks}, not '
           f'--task={FLAGS.task}')
-  common.finite('dirichlet_alpha', 0.0, strict=True)
+  common.finite('dirichlet_alpha', partition.MIN_DIRICHLET_ALPHA)
   if FLAGS['dirichlet_alpha'].present and FLAGS.partition != 'dirichlet':
     raise app.UsageError('--dirichlet_alpha is only used with '
                          '--partition=dirichlet')

@@ -30,21 +30,28 @@ CLASSES = [str(d) for d in range(10)]
 LAYOUT = '<data_dir>/<domain>/{train_images,test_images}/<digit>/*.png'
 
 
-def load_domain(domain: str, options: TaskOptions):
-  """(train, test) uint8 RGB arrays of one domain, from its folder or TFDS."""
+def load_domain(domain: str, options: TaskOptions,
+                parts: tuple[str, ...] = ('train', 'test')):
+  """Per part ('train', 'test'), uint8 RGB arrays of one domain, from its
+  folder or TFDS."""
   root = options.data_dir
   folder = os.path.join(root, domain) if root else None
   if folder and os.path.isdir(folder):
     return tuple(image_folder.load_class_folders(
-        os.path.join(folder, part), CLASSES, options.image_size, channels=3)
-                 for part in ('train_images', 'test_images'))
+        os.path.join(folder, f'{part}_images'), CLASSES, options.image_size,
+        channels=3) for part in parts)
+  where = f'folder {folder or "<data_dir>/" + domain!r} not found (expected '
+  where += f'{LAYOUT}; pass --data_dir)'
   if domain not in TFDS_NAMES:
-    raise FileNotFoundError(
-        f'Digit5 domain {domain!r}: folder {folder or "<data_dir>/" + domain!r}'
-        f' not found (expected {LAYOUT}; pass --data_dir), and TFDS has no '
-        f'{domain} dataset')
-  return tuple(tfds_loader.load(TFDS_NAMES[domain], ['train', 'test'],
-                                image_size=options.image_size, channels=3))
+    raise FileNotFoundError(f'Digit5 domain {domain!r}: {where}, and TFDS '
+                            f'has no {domain} dataset')
+  try:
+    return tuple(tfds_loader.load(TFDS_NAMES[domain], list(parts),
+                                  image_size=options.image_size, channels=3))
+  except FileNotFoundError as e:
+    # The folder is what most users meant (e.g. `SVHN` for `svhn`).
+    raise FileNotFoundError(f'Digit5 domain {domain!r}: {where}; nor is it '
+                            f'in TFDS: {e}') from None
 
 
 def build(options: TaskOptions) -> image_task.FederatedImageTask:
@@ -66,7 +73,7 @@ def build(options: TaskOptions) -> image_task.FederatedImageTask:
     splits.append(image_task.ClientSplit(train, val, test))
   server = None
   if options.server_size:
-    server_train, _ = load_domain(SERVER_DOMAIN, options)
+    server_train, = load_domain(SERVER_DOMAIN, options, ('train',))
     server = domain_split.sample(server_train, options.server_size, rng,
                                  'Digit5 server domain mnist',
                                  flag='server_data_size')[0]

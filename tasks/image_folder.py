@@ -2,6 +2,7 @@
 arrays of one square size, with errors that name the path at fault."""
 
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -32,8 +33,12 @@ def load_class_folders(directory: str, classes: list[str], image_size: int,
       raise FileNotFoundError(
           f'class folder {class_dir!r} is missing: {directory!r} must hold '
           f'one folder per class ({", ".join(classes)})')
-    files = sorted(f for f in os.listdir(class_dir)
-                   if f.lower().endswith(IMAGE_EXTENSIONS))
+    try:
+      files = sorted(f for f in os.listdir(class_dir)
+                     if f.lower().endswith(IMAGE_EXTENSIONS))
+    except OSError as e:  # E.g. unpacked by another user (mode 700).
+      raise ValueError(f'class folder {class_dir!r} cannot be listed '
+                       f'({e.strerror})') from None
     if not files:
       raise ValueError(f'class folder {class_dir!r} holds no image '
                        f'({"/".join(IMAGE_EXTENSIONS)})')
@@ -46,13 +51,26 @@ def load_class_folders(directory: str, classes: list[str], image_size: int,
 
 def read_image(path: str, image_size: int, channels: int) -> np.ndarray:
   """One image file as uint8 [size, size, channels] (bilinear resize)."""
+  # Read by Python, not tf.io.read_file: its errors name the cause, and a
+  # file name that is not UTF-8 (from an archive made elsewhere) is read.
   try:
-    image = tf.io.decode_image(tf.io.read_file(path), channels=channels,
+    with open(path, 'rb') as f:
+      data = f.read()
+  except OSError as e:  # Unreadable, a directory, a broken link.
+    raise ValueError(f'{path!r}: cannot read ({e.strerror})') from None
+  try:
+    image = tf.io.decode_image(data, channels=channels,
                                expand_animations=False)
-  except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
-    raise ValueError(f'{path}: unreadable image ({e.message.strip()})') from None
+  except tf.errors.OpError as e:
+    raise ValueError(f'{path!r}: unreadable image ({op_error_text(e)})'
+                     ) from None
   if image.shape[0] != image_size or image.shape[1] != image_size:
     image = tf.image.resize(tf.cast(image, tf.float32),
                             (image_size, image_size), method='bilinear')
     image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
   return image.numpy()
+
+
+def op_error_text(error) -> str:
+  """A TF op error's message without TF's node name and op suffix."""
+  return re.sub(r'\{\{.*?\}\}|\[Op:.*$', '', error.message).strip()

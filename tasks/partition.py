@@ -65,8 +65,9 @@ def dirichlet(train_labels: np.ndarray, test_labels: np.ndarray,
   the test split is split by the same proportions, half to validation and
   half to test, so a client is evaluated on its own label distribution.
   """
-  if not alpha > 0:
-    raise ValueError(f'dirichlet_alpha must be > 0, got {alpha}')
+  if not alpha >= MIN_DIRICHLET_ALPHA:
+    raise ValueError(f'dirichlet_alpha must be >= {MIN_DIRICHLET_ALPHA:g}, '
+                     f'got {alpha}')
   num_train, num_test = len(train_labels), len(test_labels)
   _check_pool(num_clients, train_per_client, server_size, num_train)
   needed = num_clients * train_per_client
@@ -96,7 +97,20 @@ def dirichlet(train_labels: np.ndarray, test_labels: np.ndarray,
           f'client {i} drew no training example (dirichlet_alpha={alpha} '
           'is too small for this pool); raise --dirichlet_alpha or '
           '--train_per_client')
+    # Its accuracy would read 0 and pull down the mean over clients.
+    for part, indices in (('validation', c.val), ('test', c.test)):
+      if not len(indices):
+        raise ValueError(
+            f'client {i} drew {len(c.train)} training examples but no '
+            f'{part} example (each class of the test split\'s halves is '
+            f'shared by the proportions of dirichlet_alpha={alpha}); raise '
+            '--dirichlet_alpha or lower --num_clients')
   return clients, server
+
+
+# Below it every class goes to one client, and numpy's Dirichlet sampler
+# can run without end (seen at 1e-8 with numpy 1.25).
+MIN_DIRICHLET_ALPHA = 1e-3
 
 
 def _split(indices: np.ndarray, proportions: np.ndarray) -> list[np.ndarray]:
@@ -111,5 +125,8 @@ def _check_pool(num_clients, train_per_client, server_size, num_train):
     raise ValueError(
         f'{num_clients} clients x {train_per_client} training examples'
         f'{f" + {server_size} server examples" if server_size else ""} need '
-        f'{needed + server_size}, but the training split has {num_train}')
+        f'{needed + server_size}, but the training split has {num_train}: '
+        'lower --num_clients or --train_per_client' + (
+            ' or --server_data_size (FedDF\'s server images; see its '
+            'default)' if server_size else ''))
 

@@ -8,6 +8,8 @@ in retries. A missing dataset is reported with the command that prepares it
 
 import numpy as np
 
+from tasks import image_folder
+
 
 def load(name: str, splits: list[str], data_dir: str | None = None,
          image_size: int | None = None, channels: int | None = None
@@ -44,12 +46,20 @@ def load(name: str, splits: list[str], data_dir: str | None = None,
     return image, example['label']
 
   out = []
-  for ds in datasets:
+  for split, ds in zip(splits, datasets):
     # Batched reads: `batch_size=-1` aborts under tfds.testing.mock_data.
     images, labels = [], []
-    for batch in ds.map(convert).batch(10_000).as_numpy_iterator():
-      images.append(batch[0])
-      labels.append(batch[1])
+    try:
+      for batch in ds.map(convert).batch(10_000).as_numpy_iterator():
+        images.append(batch[0])
+        labels.append(batch[1])
+    except tf.errors.OpError as e:  # A shard cut short or deleted.
+      where = data_dir or '~/tensorflow_datasets'
+      raise ValueError(
+          f'TFDS dataset {name!r} in {where} is damaged: split {split!r} '
+          f'cannot be read ({type(e).__name__}: '
+          f'{image_folder.op_error_text(e)}); prepare it '
+          f'again with `tfds build {name} --data_dir={where}`') from None
     images = np.concatenate(images)
     if images.ndim == 3:
       images = images[..., None]

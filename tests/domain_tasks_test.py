@@ -1,7 +1,9 @@
 """Digit5, Office-Caltech10, DomainNet and CIFAR-10 on data the tests make:
 image folders in the documented layouts and tfds.testing.mock_data."""
 
+import glob
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -79,13 +81,32 @@ def test_digit5_takes_svhn_from_tfds_without_its_folder(tmp_path):
   assert len(svhn.val[1]) == 15
 
 
-def test_digit5_errors_name_what_is_missing(tmp_path):
+def test_digit5_errors_name_what_is_missing(tmp_path, monkeypatch):
   with pytest.raises(FileNotFoundError, match='digit5 needs --data_dir'):
     digit5.build(TaskOptions())
   root = _digit5_root(tmp_path / 'd5', domains=('svhn', 'syn', 'usps'))
   with pytest.raises(FileNotFoundError, match="domain 'mnistm'.*mnistm"):
     digit5.build(TaskOptions(data_dir=root, train_per_client=12))
+  # A TFDS domain's folder under another name (SVHN for svhn), TFDS not
+  # prepared: the error names the folder expected, not only TFDS.
+  root = _digit5_root(tmp_path / 'd5c')
+  os.rename(os.path.join(root, 'svhn'), os.path.join(root, 'SVHN'))
+
+  def not_prepared(name, *args, **kwargs):
+    raise FileNotFoundError(f'TFDS dataset {name!r} is not prepared')
+
+  monkeypatch.setattr(tfds_loader, 'load', not_prepared)
+  with pytest.raises(FileNotFoundError, match="domain 'svhn': folder "
+                     "'.*/d5c/svhn' not found .*; nor is it in TFDS: TFDS "
+                     "dataset 'svhn_cropped' is not prepared"):
+    digit5.build(TaskOptions(data_dir=root, train_per_client=3))
+  monkeypatch.undo()
+  # The server domain (FedDF's) needs only its training images.
   root = _digit5_root(tmp_path / 'd5b')
+  shutil.rmtree(os.path.join(root, 'mnist', 'test_images'))
+  task = digit5.build(TaskOptions(data_dir=root, train_per_client=3,
+                                  server_size=5))
+  assert task.server_images.shape == (5, 32, 32, 3)
   with pytest.raises(ValueError, match='fewer than the 100 requested'):
     digit5.build(TaskOptions(data_dir=root, train_per_client=100))
   with pytest.raises(ValueError, match='num_clients must be 4'):
@@ -136,13 +157,69 @@ def test_folder_errors_name_the_path(tmp_path):
   bad = os.path.join(root, 'caltech', 'projector', 'broken.jpg')
   with open(bad, 'wb') as f:
     f.write(b'not a jpeg at all')
-  with pytest.raises(ValueError, match='broken.jpg: unreadable image'):
+  with pytest.raises(ValueError,
+                     match="broken.jpg': unreadable image \\(Unknown image "
+                     "file format. One of JPEG, PNG, GIF, BMP required.\\)$"):
     office_caltech10.build(TaskOptions(data_dir=root))
+  os.remove(bad)
+  # A folder named like an image.
+  os.makedirs(os.path.join(root, 'caltech', 'projector', 'album.jpg'))
+  with pytest.raises(ValueError, match="album.jpg': cannot read"):
+    office_caltech10.build(TaskOptions(data_dir=root))
+  os.rmdir(os.path.join(root, 'caltech', 'projector', 'album.jpg'))
+  # A file name that is not UTF-8 (an archive made elsewhere) is read.
+  good = os.path.join(root, 'caltech', 'bike', os.listdir(
+      os.path.join(root, 'caltech', 'bike'))[0])
+  with open(good, 'rb') as f:
+    pixels = f.read()
+  with open(os.path.join(os.fsencode(root), b'caltech', b'projector',
+                         b'caf\xe9.jpg'), 'wb') as f:
+    f.write(pixels)
+  task = office_caltech10.build(TaskOptions(data_dir=root))
+  assert task.num_clients == 4
 
 
 def test_missing_tfds_dataset_is_named(tmp_path):
   with pytest.raises(FileNotFoundError, match="'cifar10'.*tfds build cifar10"):
     tfds_loader.load('cifar10', ['train'], data_dir=str(tmp_path))
+
+
+def test_damaged_tfds_dataset_is_named(tmp_path):
+  """A prepared dataset whose shard was cut short (an interrupted copy) or
+  deleted: a named error, not TF's."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  class TinyImages(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version('1.0.0')
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+          builder=self, features=tfds.features.FeaturesDict({
+              'image': tfds.features.Image(shape=(4, 4, 1)),
+              'label': tfds.features.ClassLabel(num_classes=2)}))
+
+    def _split_generators(self, dl_manager):
+      return {'test': self._generate_examples()}
+
+    def _generate_examples(self):
+      for i in range(20):
+        yield i, {'image': np.full((4, 4, 1), i, np.uint8), 'label': i % 2}
+
+  TinyImages(data_dir=str(tmp_path)).download_and_prepare()
+  (images, labels), = tfds_loader.load('tiny_images', ['test'],
+                                       data_dir=str(tmp_path))
+  assert images.shape == (20, 4, 4, 1) and labels.sum() == 10
+  shard, = glob.glob(f'{tmp_path}/tiny_images/1.0.0/*test.tfrecord*')
+  with open(shard, 'r+b') as f:
+    f.truncate(os.path.getsize(shard) // 2)
+  with pytest.raises(ValueError, match="TFDS dataset 'tiny_images' in .* is "
+                     "damaged: split 'test' cannot be read .*tfds build "
+                     'tiny_images'):
+    tfds_loader.load('tiny_images', ['test'], data_dir=str(tmp_path))
+  os.remove(shard)
+  with pytest.raises(ValueError, match="split 'test' cannot be read "
+                     r'\(NotFoundError'):
+    tfds_loader.load('tiny_images', ['test'], data_dir=str(tmp_path))
 
 
 def test_cifar10_from_tfds_with_four_or_eight_clients():

@@ -59,11 +59,17 @@ def test_dirichlet_sums_up_is_seeded_and_skews_with_small_alpha():
 
 
 def test_dirichlet_rejects_bad_alpha_and_empty_clients():
-  with pytest.raises(ValueError, match='dirichlet_alpha must be > 0'):
-    partition.dirichlet(_labels(100), _labels(20), 2, 10, 0.0,
+  with pytest.raises(ValueError, match='dirichlet_alpha must be >= 0.001'):
+    partition.dirichlet(_labels(100), _labels(20), 2, 10, 1e-9,
                         np.random.default_rng(0))
   with pytest.raises(ValueError, match='drew no training example'):
-    partition.dirichlet(_labels(100), _labels(20), 20, 2, 1e-4,
+    partition.dirichlet(_labels(100), _labels(20), 20, 2, 0.01,
+                        np.random.default_rng(0))
+  # Training examples, but nothing to be evaluated on: its accuracy would
+  # read 0 in the mean over clients.
+  with pytest.raises(ValueError, match='client 0 drew 17 training examples '
+                     'but no validation example'):
+    partition.dirichlet(_labels(200), _labels(6), 4, 20, 1.0,
                         np.random.default_rng(0))
 
 

@@ -52,7 +52,9 @@ _main = binary_runs.run_fedcg_in_process
      '--algorithm=feddf'),
     ('--task=mnist', 'flag --task=mnist'),
     ('--model=vgg', 'flag --model=vgg'),
-    ('--dirichlet_alpha=0', '--dirichlet_alpha must be finite and > 0'),
+    ('--dirichlet_alpha=0', '--dirichlet_alpha must be finite and >= 0.001'),
+    ('--partition=dirichlet --dirichlet_alpha=1e-9',
+     '--dirichlet_alpha must be finite and >= 0.001, got 1e-09'),
     ('--noise_std=0.1', '--noise_std is only used with --add_noise'),
     ('--add_noise', '--add_noise needs --noise_std > 0'),
     ('--dirichlet_alpha=0.1', '--dirichlet_alpha is only used with '
