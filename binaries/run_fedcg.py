@@ -151,8 +151,9 @@ def _check_run_flags():
   for name, tasks in TASK_FLAGS.items():
     if FLAGS[name].present and FLAGS.task not in tasks:
       raise app.UsageError(
-          f'--{name} is only used by --task in {tasks}, not '
-          f'--task={FLAGS.task}')
+          f'--{name} is only used by --task={"|".join(tasks)}, not '
+          f'--task={FLAGS.task} (each of its clients holds its domain\'s '
+          'whole training split)')
   common.finite('dirichlet_alpha', partition.MIN_DIRICHLET_ALPHA)
   if FLAGS['dirichlet_alpha'].present and FLAGS.partition != 'dirichlet':
     raise app.UsageError('--dirichlet_alpha is only used with '

@@ -45,7 +45,7 @@ import tensorflow as tf
 
 from binaries import common
 from fedcg_tff.execution import runtime  # pylint: disable=unused-import  # Before TFF loads: clean exit.
-from fedcg_tff.names import PRIVACY_ALGORITHMS, TASKS
+from fedcg_tff.names import ALGORITHM_FLAGS, PRIVACY_ALGORITHMS, TASK_FLAGS, TASKS
 from tasks import registry
 
 flags.DEFINE_list('algorithms', ['fedavg', 'fedavg_dp', 'fedsplit',
@@ -160,11 +160,22 @@ def _check_flags() -> dict[str, str]:
     if not os.path.isfile(path):
       raise app.UsageError(f'--results: {path!r} ({name}) is not a file')
     results[name] = path
+  if (FLAGS['train_per_client'].present and
+      FLAGS.task not in TASK_FLAGS['train_per_client']):
+    raise app.UsageError(f'--train_per_client is not used by --task='
+                         f'{FLAGS.task}: each client holds its domain\'s '
+                         'whole training split')
   extra = shlex.split(FLAGS.train_flags)
   if extra and not FLAGS.train_dir:
     raise app.UsageError('--train_flags is only used with --train_dir')
+  trained = {trained_as(threat)[0] for _, threat, _ in rows()}
   for flag in extra:
     name = flag.lstrip('-').split('=')[0]
+    users = ALGORITHM_FLAGS.get(name) if flag.startswith('-') else None
+    if users and not set(users) & trained:
+      raise app.UsageError(f'--train_flags sets --{name}, which only '
+                           f'--algorithm={"|".join(users)} uses, and no row '
+                           'trains one')
     if name in _OWNED:
       raise app.UsageError(f'--train_flags must not set --{name}: this '
                            'binary sets it for each training run')

@@ -39,7 +39,8 @@ def read_idx(path: str) -> np.ndarray:
       data = f.read()
   # gzip.BadGzipFile is an OSError; a corrupt stream raises zlib.error.
   except (OSError, EOFError, zlib.error) as e:
-    raise ValueError(f'{path}: unreadable ({type(e).__name__}: {e})') from None
+    kind = 'zlib.error' if isinstance(e, zlib.error) else type(e).__name__
+    raise ValueError(f'{path}: unreadable ({kind}: {e})') from None
   if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
     raise ValueError(f'{path}: not an IDX file of unsigned bytes')
   ndim = data[3]

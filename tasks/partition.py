@@ -103,8 +103,9 @@ def dirichlet(train_labels: np.ndarray, test_labels: np.ndarray,
         raise ValueError(
             f'client {i} drew {len(c.train)} training examples but no '
             f'{part} example (each class of the test split\'s halves is '
-            f'shared by the proportions of dirichlet_alpha={alpha}); raise '
-            '--dirichlet_alpha or lower --num_clients')
+            f'shared by the proportions of dirichlet_alpha={alpha}, and the '
+            'test split is small for the clients); raise --dirichlet_alpha, '
+            'lower --num_clients or try another --seed')
   return clients, server
 
 

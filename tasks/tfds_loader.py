@@ -53,7 +53,9 @@ def load(name: str, splits: list[str], data_dir: str | None = None,
       for batch in ds.map(convert).batch(10_000).as_numpy_iterator():
         images.append(batch[0])
         labels.append(batch[1])
-    except tf.errors.OpError as e:  # A shard cut short or deleted.
+    # A shard cut short or deleted (not, say, memory running out).
+    except (tf.errors.DataLossError, tf.errors.NotFoundError,
+            tf.errors.FailedPreconditionError) as e:
       where = data_dir or '~/tensorflow_datasets'
       raise ValueError(
           f'TFDS dataset {name!r} in {where} is damaged: split {split!r} '

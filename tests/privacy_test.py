@@ -571,6 +571,12 @@ def test_binary_names_the_bad_flag(tmp_path):
        "'mean_test_accuracy_at_best_val')"),
       (['--algorithms=fedavg', '--dp_sigma=0.1'],
        '--dp_sigma is only used with fedavg_dp in --algorithms'),
+      (['--task=office_caltech10', '--train_per_client=500'],
+       '--train_per_client is not used by --task=office_caltech10'),
+      (['--algorithms=fedavg,fedcg', f'--train_dir={tmp_path / "train"}',
+        f'--data_dir={tmp_path / "absent"}', '--train_flags=--prox_mu=0.5'],
+       '--train_flags sets --prox_mu, which only --algorithm=fedprox uses, '
+       'and no row trains one'),
       (['--algorithms=fedavg,fedcg', '--dp_clip=3'],
        '--dp_clip is only used with fedavg_dp in --algorithms'),
       # A shared-init FedCG run cannot stand for the private-init row.

@@ -297,6 +297,17 @@ def test_terminated_sweep_ends_its_run(tmp_path, how):
         pass
 
 
+def test_run_flags_reach_only_the_runs_that_use_them():
+  tokens = ['--rounds=1', '--prox_mu', '0.5', '--train_per_client=5',
+            '--diversity_weight=2']
+  assert common.run_flags_for('fedprox', 'fmnist', tokens) == [
+      '--rounds=1', '--prox_mu', '0.5', '--train_per_client=5']
+  assert common.run_flags_for('fedgen', 'office_caltech10', tokens) == [
+      '--rounds=1', '--diversity_weight=2']
+  assert common.run_flags_for('fedcg', 'digit5', tokens) == [
+      '--rounds=1', '--train_per_client=5']
+
+
 def test_sweep_rejects_bad_flags(tmp_path):
   cases = (('--algorithms=fedsgd', '--algorithms'),
            ('--seeds=1,x', '--seeds must be integers'),

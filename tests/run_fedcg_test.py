@@ -64,7 +64,7 @@ _main = binary_runs.run_fedcg_in_process
     ('--diversity_weight=2', '--diversity_weight is only used by '
      '--algorithm=fedgen'),
     ('--task=domainnet --train_per_client=50', '--train_per_client is only '
-     'used by --task in'),
+     'used by --task=fmnist|fmnist_shift|cifar10|digit5, not --task=domainnet'),
     ('--workers=0', '--workers must be >= 1, got 0'),
     ('--worker_addresses=nohost', "--worker_addresses: 'nohost' is not "
      'host:port'),
