@@ -489,8 +489,7 @@ def test_binary_writes_table_2_grid_and_tensorboard(tmp_path):
       'rounds_run': 2,
       'dp': {'dp_sigma': 0.1, 'dp_clip': 10.0, 'dp_delta': 1e-5}}))
   out = tmp_path / 'out'
-  # FedCG's row is trained (one tiny round; --prox_mu, FedProx's alone,
-  # does not reach it), the others are given.
+  # FedCG's row is trained (one tiny round), the others are given.
   proc = _binary(
       f'--output_dir={out}', f'--data_dir={data_dir}', '--num_clients=2',
       '--train_per_client=20', '--num_images=2', '--iterations=5',
@@ -498,7 +497,7 @@ def test_binary_writes_table_2_grid_and_tensorboard(tmp_path):
       f'--results=fedavg={results},fedavg_dp0.1={dp_results}',
       f'--train_dir={tmp_path / "train"}',
       '--train_flags=--rounds=1 --local_epochs=1 --gan_epochs=1 '
-      '--server_epochs=1 --server_steps_per_epoch=2 --prox_mu=0.5')
+      '--server_epochs=1 --server_steps_per_epoch=2')
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert '[fedcg 2/2] PSNR' in proc.stdout
   trained = json.loads(
