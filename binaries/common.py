@@ -61,6 +61,29 @@ def distinct_list(name: str, kind: type, what: str, valid=None,
   return values
 
 
+def not_a_file(name: str = 'output_dir') -> None:
+  """Refuses a directory flag that names an existing file."""
+  path = FLAGS[name].value
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise app.UsageError(f'--{name}={path} is a file, not a directory')
+
+
+def used_by_some(flag_name: str, tokens, algorithms, tasks=None) -> None:
+  """Refuses a flag in `tokens` (the value of --`flag_name`) that only
+  algorithms or tasks other than these use (`names.ALGORITHM_FLAGS`,
+  `names.TASK_FLAGS`): no run would get it (`run_flags_for`)."""
+  from fedcg_tff.names import ALGORITHM_FLAGS, TASK_FLAGS  # pylint: disable=g-import-not-at-top
+  for token in tokens:
+    name = token.lstrip('-').split('=')[0]
+    for kind, table, given in (('algorithm', ALGORITHM_FLAGS, algorithms),
+                               ('task', TASK_FLAGS, tasks)):
+      users = table.get(name) if token.startswith('-') else None
+      if users and given is not None and not set(users) & set(given):
+        raise app.UsageError(
+            f'--{flag_name} sets --{name}, which only --{kind}='
+            f'{"|".join(users)} uses, and no run is one of them')
+
+
 def seed(name: str = 'seed') -> None:
   value = FLAGS[name].value
   if not 0 <= value <= 2**31 - 1:

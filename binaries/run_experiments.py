@@ -37,7 +37,7 @@ from absl import flags
 from binaries import common
 # SIGTERM and SIGHUP end the sweep like Ctrl-C, and its run with it.
 from fedcg_tff.execution import runtime  # pylint: disable=unused-import
-from fedcg_tff.names import ALGORITHM_FLAGS, ALGORITHMS, TASK_FLAGS, TASKS
+from fedcg_tff.names import ALGORITHMS, TASKS
 
 flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run.')
 flags.DEFINE_list('tasks', ['fmnist'], 'Tasks to run.')
@@ -76,13 +76,7 @@ def _check_flags() -> tuple[list[int], list[str]]:
     if name in _OWNED:
       raise app.UsageError(f'--run_flags must not set --{name}: the sweep '
                            'sets it for each run')
-    for kind, table in (('algorithms', ALGORITHM_FLAGS),
-                        ('tasks', TASK_FLAGS)):
-      users = table.get(name) if flag.startswith('-') else None
-      if users and not set(users) & set(FLAGS[kind].value):
-        raise app.UsageError(
-            f'--run_flags sets --{name}, which only --{kind}='
-            f'{"|".join(users)} use, and --{kind} has none of them')
+  common.used_by_some('run_flags', extra, FLAGS.algorithms, FLAGS.tasks)
   return seeds, extra
 
 

@@ -494,9 +494,7 @@ def main(argv):
   # flags are compared.
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
 
-  if os.path.exists(FLAGS.output_dir) and not os.path.isdir(FLAGS.output_dir):
-    raise app.UsageError(f'--output_dir={FLAGS.output_dir} is a file, not a '
-                         'directory')
+  common.not_a_file()
 
   def from_stored(stored):
     task_shape = {k: stored.get('config', {}).get(k)

@@ -260,8 +260,7 @@ def main(argv):
   if fedavg_run is not None:
     _check_same_data(fedcg_run, fedavg_run)
     _check_rounds(FLAGS.fedavg_run_dir, 'fedavg_run_dir', rounds)
-  if os.path.exists(FLAGS.output_dir) and not os.path.isdir(FLAGS.output_dir):
-    raise app.UsageError(f'--output_dir {FLAGS.output_dir!r} is a file')
+  common.not_a_file()
 
   import numpy as np  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import dlg_tf  # pylint: disable=g-import-not-at-top

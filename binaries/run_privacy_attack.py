@@ -45,7 +45,7 @@ import tensorflow as tf
 
 from binaries import common
 from fedcg_tff.execution import runtime  # pylint: disable=unused-import  # Before TFF loads: clean exit.
-from fedcg_tff.names import ALGORITHM_FLAGS, PRIVACY_ALGORITHMS, TASK_FLAGS, TASKS
+from fedcg_tff.names import PRIVACY_ALGORITHMS, TASK_FLAGS, TASKS
 from tasks import registry
 
 flags.DEFINE_list('algorithms', ['fedavg', 'fedavg_dp', 'fedsplit',
@@ -168,14 +168,11 @@ def _check_flags() -> dict[str, str]:
   extra = shlex.split(FLAGS.train_flags)
   if extra and not FLAGS.train_dir:
     raise app.UsageError('--train_flags is only used with --train_dir')
-  trained = {trained_as(threat)[0] for _, threat, _ in rows()}
+  common.used_by_some('train_flags', extra,
+                      {trained_as(threat)[0] for _, threat, _ in rows()},
+                      [FLAGS.task])
   for flag in extra:
     name = flag.lstrip('-').split('=')[0]
-    users = ALGORITHM_FLAGS.get(name) if flag.startswith('-') else None
-    if users and not set(users) & trained:
-      raise app.UsageError(f'--train_flags sets --{name}, which only '
-                           f'--algorithm={"|".join(users)} uses, and no row '
-                           'trains one')
     if name in _OWNED:
       raise app.UsageError(f'--train_flags must not set --{name}: this '
                            'binary sets it for each training run')
@@ -297,8 +294,7 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   results = _check_flags()
   table_rows = rows()
-  if os.path.exists(FLAGS.output_dir) and not os.path.isdir(FLAGS.output_dir):
-    raise app.UsageError(f'--output_dir {FLAGS.output_dir!r} is a file')
+  common.not_a_file()
   started = time.monotonic()
   # The runs given are checked before any other row trains.
   given = {name: accuracy_of(name, threat, sigma, results[name])

@@ -575,7 +575,7 @@ def test_binary_names_the_bad_flag(tmp_path):
       (['--algorithms=fedavg,fedcg', f'--train_dir={tmp_path / "train"}',
         f'--data_dir={tmp_path / "absent"}', '--train_flags=--prox_mu=0.5'],
        '--train_flags sets --prox_mu, which only --algorithm=fedprox uses, '
-       'and no row trains one'),
+       'and no run is one of them'),
       (['--algorithms=fedavg,fedcg', '--dp_clip=3'],
        '--dp_clip is only used with fedavg_dp in --algorithms'),
       # A shared-init FedCG run cannot stand for the private-init row.

@@ -318,9 +318,10 @@ def test_sweep_rejects_bad_flags(tmp_path):
            ('--algorithms=local --run_flags=--lr=-1',
             'fmnist local seed 1: --lr must be finite and > 0'),
            ('--algorithms=local,fedavg --run_flags=--prox_mu=0.1',
-            'sets --prox_mu, which only --algorithms=fedprox use'),
+            'sets --prox_mu, which only --algorithm=fedprox uses, and no run '
+            'is one of them'),
            ('--tasks=office_caltech10 --run_flags=--train_per_client=5',
-            'sets --train_per_client, which only --tasks=fmnist|'),
+            'sets --train_per_client, which only --task=fmnist|'),
            # A value given, as a word of its own, to a flag that takes none.
            ("--algorithms=local --run_flags='--add_noise 1 --noise_std=0.1'",
             "fmnist local seed 1: Unexpected arguments: ['1']"),
