@@ -275,6 +275,14 @@ def main(argv):
   started = time.monotonic()
   replay = _Replay(FLAGS.run_dir, fedcg_run, FLAGS.aux_size)
   config, task = replay.config, replay.task
+  fedavg = (_Replay(FLAGS.fedavg_run_dir, fedavg_run, FLAGS.aux_size)
+            if fedavg_run is not None else None)
+  if fedavg and fedavg.task.client_names != task.client_names:
+    # (--num_clients unset in one run.json: the task's default.)
+    raise app.UsageError(
+        f'--fedavg_run_dir={FLAGS.fedavg_run_dir} has clients '
+        f'{", ".join(fedavg.task.client_names)}, --run_dir={FLAGS.run_dir} '
+        f'{", ".join(task.client_names)}')
   if FLAGS.client >= task.num_clients:
     raise app.UsageError(f'--client={FLAGS.client}: the run has '
                          f'{task.num_clients} clients')
@@ -344,14 +352,6 @@ def main(argv):
   # global random state (DP noise) would change the shuffles of datasets
   # made after it.
   replayed = {r: replay.client_round(r, FLAGS.client) for r in rounds}
-  fedavg = (_Replay(FLAGS.fedavg_run_dir, fedavg_run, FLAGS.aux_size)
-            if fedavg_run is not None else None)
-  if fedavg and fedavg.task.client_names != task.client_names:
-    # (--num_clients unset in one run.json: the task's default.)
-    raise app.UsageError(
-        f'--fedavg_run_dir={FLAGS.fedavg_run_dir} has clients '
-        f'{", ".join(fedavg.task.client_names)}, --run_dir={FLAGS.run_dir} '
-        f'{", ".join(task.client_names)}')
   fedavg_uploads = {r: fedavg.client_round(r, FLAGS.client)[2].upload
                     for r in rounds} if fedavg else {}
   templates = training_tf.InitialNetworks(config, ('generator', 'classifier'))

@@ -5,6 +5,7 @@ resume, workers and signals (the same driver and loop as FedCG's)."""
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -349,7 +350,11 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
       ('on_disk', 'run', {'client_states_on_disk': True}),
       ('fedavg_seed_9', 'config', {'seed': 9}),
       ('fedavg_tpc', 'run', {'train_per_client': 17}),
-      ('fedavg_no_saves', 'run', {})):
+      ('fedavg_no_saves', 'run', {}),
+      # The task's default client count (4), found only by loading it
+      # (from a pool large enough for 4 clients).
+      ('fedavg_default_clients', 'run',
+       {'num_clients': None, 'data_dir': str(tmp_path / 'pool')})):
     fake = json.loads(json.dumps(definition))
     fake[part].update(changes)
     if name.startswith('fedavg'):
@@ -357,6 +362,8 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
     (tmp_path / name).mkdir()
     (tmp_path / name / 'run.json').write_text(json.dumps(fake))
     fakes[name] = tmp_path / name
+  (tmp_path / 'pool').mkdir()
+  fake_data.write_fake_fmnist(str(tmp_path / 'pool'), n_train=120, n_test=40)
   refused = tmp_path / 'refused'
   # The attack, then refused inputs, in one interpreter (one import).
   stops, done = binary_runs.main_calls('run_inversion_attack', [
@@ -372,22 +379,30 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
        f'--output_dir={refused}'],
       [f'--run_dir={run}', f'--fedavg_run_dir={fakes["fedavg_no_saves"]}',
        '--rounds=4', f'--output_dir={refused}'],
+      [f'--run_dir={run}',
+       f'--fedavg_run_dir={fakes["fedavg_default_clients"]}', '--rounds=1',
+       '--aux_size=24', f'--output_dir={refused}'],
       # Round 1 of a FedAvg run without saves (the fresh state) works.
       [f'--run_dir={run}', f'--fedavg_run_dir={fakes["fedavg_no_saves"]}',
        '--rounds=1', '--num_images=1', '--iterations=1',
        '--latent_iterations=1', '--latent_restarts=1', '--shadow_epochs=1',
        '--aux_size=24', f'--output_dir={tmp_path / "round_1"}'],
   ])
-  assert len(stops) == 8 and stops[0] is None, (stops, done.stderr[-3000:])
-  assert stops[7] is None, stops[7]
+  assert len(stops) == 9 and stops[0] is None, (stops, done.stderr[-3000:])
+  assert stops[8] is None, stops[8]
   assert (tmp_path / 'round_1' / 'inversion.md').exists()
-  for stopped, message in zip(stops[2:7], (
+  for stopped, message in zip(stops[2:8], (
       '--client must be >= 0, got -1',
       'on_disk kept its client states on disk',
       'has seed 9, --run_dir=',
       'has train_per_client 17, --run_dir=',
-      'round 4 needs the state after round 3, which --fedavg_run_dir=')):
+      'round 4 needs the state after round 3, which --fedavg_run_dir=',
+      'fedavg_default_clients has clients ')):
     assert stopped and message in stopped, (stopped, message)
+  # The default client count is refused before any replay (each call's
+  # output ends at its MAIN_CALL line).
+  outputs = re.split(r'^MAIN_CALL .*$', done.stdout, flags=re.M)
+  assert 'inverting' in outputs[0] and 'inverting' not in outputs[7]
   # Nothing written, not even into the runs read.
   assert not refused.exists()
   assert not (fakes['fedavg_no_saves'] / 'checkpoints').exists()
