@@ -22,13 +22,15 @@ def load(name: str, splits: list[str], data_dir: str | None = None,
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  # Where TFDS looks (--data_dir, else $TFDS_DATA_DIR, else its default),
+  # for the messages below.
+  where = tfds.core.utils.file_utils.get_default_data_dir(data_dir)
   try:
     datasets = tfds.load(name, split=splits, data_dir=data_dir,
                          download=False)
   except Exception as e:  # pylint: disable=broad-except
     # TFDS raises DatasetNotFoundError, AssertionError or FileNotFoundError
     # depending on what is missing; all mean the same to the user.
-    where = data_dir or '~/tensorflow_datasets'
     raise FileNotFoundError(
         f'TFDS dataset {name!r} (splits {splits}) is not prepared in {where} '
         f'and is not downloaded from here: run `tfds build {name} '
@@ -56,7 +58,6 @@ def load(name: str, splits: list[str], data_dir: str | None = None,
     # A shard cut short or deleted (not, say, memory running out).
     except (tf.errors.DataLossError, tf.errors.NotFoundError,
             tf.errors.FailedPreconditionError) as e:
-      where = data_dir or '~/tensorflow_datasets'
       raise ValueError(
           f'TFDS dataset {name!r} in {where} is damaged: split {split!r} '
           f'cannot be read ({type(e).__name__}: '

@@ -179,12 +179,17 @@ def test_folder_errors_name_the_path(tmp_path):
   assert task.num_clients == 4
 
 
-def test_missing_tfds_dataset_is_named(tmp_path):
+def test_missing_tfds_dataset_is_named(tmp_path, monkeypatch):
   with pytest.raises(FileNotFoundError, match="'cifar10'.*tfds build cifar10"):
     tfds_loader.load('cifar10', ['train'], data_dir=str(tmp_path))
+  # Without a data_dir, the folder TFDS looked in: $TFDS_DATA_DIR's.
+  monkeypatch.setenv('TFDS_DATA_DIR', str(tmp_path / 'env'))
+  with pytest.raises(FileNotFoundError, match=f'not prepared in {tmp_path}/env '
+                     f'.*--data_dir={tmp_path}/env`'):
+    tfds_loader.load('cifar10', ['train'])
 
 
-def test_damaged_tfds_dataset_is_named(tmp_path):
+def test_damaged_tfds_dataset_is_named(tmp_path, monkeypatch):
   """A prepared dataset whose shard was cut short (an interrupted copy) or
   deleted: a named error, not TF's."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
@@ -217,9 +222,12 @@ def test_damaged_tfds_dataset_is_named(tmp_path):
                      'tiny_images'):
     tfds_loader.load('tiny_images', ['test'], data_dir=str(tmp_path))
   os.remove(shard)
-  with pytest.raises(ValueError, match="split 'test' cannot be read "
+  # Found through $TFDS_DATA_DIR: the message names that folder.
+  monkeypatch.setenv('TFDS_DATA_DIR', str(tmp_path))
+  with pytest.raises(ValueError, match=f"'tiny_images' in {tmp_path} is "
+                     "damaged: split 'test' cannot be read "
                      r'\(NotFoundError'):
-    tfds_loader.load('tiny_images', ['test'], data_dir=str(tmp_path))
+    tfds_loader.load('tiny_images', ['test'])
 
 
 def test_cifar10_from_tfds_with_four_or_eight_clients():
