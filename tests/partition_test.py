@@ -71,6 +71,11 @@ def test_dirichlet_rejects_bad_alpha_and_empty_clients():
                      'but no validation example'):
     partition.dirichlet(_labels(200), _labels(6), 4, 20, 1.0,
                         np.random.default_rng(0))
+  # The same when only the test half is empty (its validation half not).
+  with pytest.raises(ValueError, match='client 1 drew 15 training examples '
+                     'but no test example'):
+    partition.dirichlet(_labels(200), _labels(16), 4, 20, 1.0,
+                        np.random.default_rng(20))
 
 
 if __name__ == '__main__':
