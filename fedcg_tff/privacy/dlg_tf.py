@@ -79,6 +79,7 @@ import numpy as np
 import scipy.optimize
 import tensorflow as tf
 
+from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.models import families
 from fedcg_tff.models import model_weights
@@ -202,19 +203,18 @@ def round_one_networks(config: FedCGConfig, threat: ThreatModel,
   server's initial networks (drawn from `config.seed`, as every algorithm's
   `initial_server_state` draws them) for what is shared, and the client's
   own initial extractor where E is private: the same public draw under
-  shared init, a draw from `client_seed` under private init (as
-  `training_tf.InitialNetworks.initial_weights` draws a client's state)."""
-  e_seed = (client_seed if threat.private_extractor and
-            threat.client_init == 'private' else config.seed)
-  draw = lambda build, s: tuple(np.asarray(v) for v in (
-      model_weights.sample_initial(build(), tf.constant(s, tf.int64))))
-  return ClientNetworks(
-      extractor=draw(lambda: families.build_extractor(
-          config.model, config.image_channels), e_seed),
-      classifier=draw(lambda: families.build_classifier(
-          config.model, config.num_classes), config.seed),
-      generator=draw(lambda: families.build_generator(
-          config.model, config.num_classes, config.noise_dim), config.seed))
+  shared init, a draw from `client_seed` under private init. Drawn by
+  `training_tf.InitialNetworks.initial_weights`, the draw of the clients'
+  initial states, under the threat model's client init."""
+  private = threat.private_extractor and threat.client_init == 'private'
+  networks = training_tf.InitialNetworks(dataclasses.replace(
+      config, client_init='private' if private else 'shared'))
+  seed = tf.constant(client_seed, tf.int64)
+  draw = lambda name: tuple(np.asarray(v) for v in
+                            networks.initial_weights(name, seed))
+  return ClientNetworks(extractor=draw('extractor'),
+                        classifier=draw('classifier'),
+                        generator=draw('generator'))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -506,17 +506,27 @@ def dlg_attack(config: FedCGConfig, observation: Observation,
 
 
 def _lbfgs(matcher: _Matcher, start, iterations, low, high):
-  def fun(flat):
-    value, gradient = matcher.value_and_gradient(tf.constant(flat,
-                                                             tf.float64))
-    return float(value), gradient.numpy().astype(np.float64)
-
   bounds = (list(zip(low, high)) +
             [(None, None)] * matcher.num_label_logits)
+  return minimize_lbfgs(matcher.value_and_gradient, start, iterations,
+                        bounds)
+
+
+def minimize_lbfgs(value_and_gradient, start: np.ndarray, iterations: int,
+                   bounds=None, dtype=tf.float64) -> tuple[np.ndarray, float]:
+  """SciPy's L-BFGS-B from `start`, driven by `value_and_gradient` (a TF
+  function of a `dtype` vector): `iterations` iterations at most, with no
+  tolerance to stop earlier, as the original DLG's fixed budget. Returns
+  (the float64 minimiser, its value). The inversion attack uses it too."""
+  def fun(flat):
+    value, gradient = value_and_gradient(tf.constant(flat, dtype))
+    return float(value), gradient.numpy().astype(np.float64)
+
   result = scipy.optimize.minimize(
-      fun, start, jac=True, method='L-BFGS-B', bounds=bounds,
-      options={'maxiter': iterations, 'maxfun': 2 * iterations + 20,
-               'ftol': 0.0, 'gtol': 0.0})
+      fun, np.asarray(start, np.float64), jac=True, method='L-BFGS-B',
+      bounds=bounds, options={'maxiter': iterations,
+                              'maxfun': 2 * iterations + 20,
+                              'ftol': 0.0, 'gtol': 0.0})
   return result.x, float(result.fun)
 
 

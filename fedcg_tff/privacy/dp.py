@@ -30,7 +30,9 @@ Gaussian mechanism with noise multiplier sigma / clip (the `GaussianDpEvent`
 TF Privacy's query itself reports), from dp-accounting's RDP accountant.
 The unit of privacy is one client's whole record (client-level, add/remove
 adjacency, as TFF's DP aggregators account it), with no amplification by
-sampling (every client takes part in every round). As the mean divides by
+sampling: every client is charged for every round, as if it took part in
+each. With `--clients_per_round` a client takes part in fewer rounds than
+it is charged for, so the epsilon reported is then an upper bound. As the mean divides by
 the fixed n, removing a client is strictly its record replaced by zeros
 (zero-out adjacency: sensitivity clip). Replacing one client's record by
 another's has sensitivity 2 x clip (half the noise multiplier), which
@@ -160,6 +162,7 @@ def fedcg_epsilon(sigma: float, clip: float, teacher_clip: float, rounds: int,
   composed by the RDP accountant."""
   check_parameters(sigma, clip)
   check_parameters(sigma, teacher_clip)
+  _check_releases(rounds, delta)
   if sigma == 0:
     return math.inf
   events = [dp_accounting.GaussianDpEvent(noise_multiplier(sigma, c))
@@ -167,11 +170,14 @@ def fedcg_epsilon(sigma: float, clip: float, teacher_clip: float, rounds: int,
   return _epsilon(dp_accounting.ComposedDpEvent(events), rounds, delta)
 
 
-def _epsilon(event, rounds: int, delta: float) -> float:
+def _check_releases(rounds: int, delta: float) -> None:
   if rounds < 1:
     raise ValueError(f'rounds must be >= 1, got {rounds}')
   if not 0 < delta < 1:
     raise ValueError(f'dp_delta must be in (0, 1), got {delta}')
+
+
+def _epsilon(event, rounds: int, delta: float) -> float:
   accountant = dp_accounting.rdp.RdpAccountant(RDP_ORDERS)
   accountant.compose(event, rounds)
   return float(accountant.get_epsilon(delta))
@@ -187,10 +193,7 @@ def epsilon(sigma: float, clip: float, rounds: int,
   through the Gaussian mechanism with std `sigma` and clip `clip`
   (RDP accountant; `inf` without noise)."""
   check_parameters(sigma, clip)
-  if rounds < 1:
-    raise ValueError(f'rounds must be >= 1, got {rounds}')
-  if not 0 < delta < 1:
-    raise ValueError(f'dp_delta must be in (0, 1), got {delta}')
+  _check_releases(rounds, delta)
   if sigma == 0:
     return math.inf
   return _epsilon(dp_accounting.GaussianDpEvent(noise_multiplier(sigma, clip)),

@@ -25,9 +25,9 @@ import time
 
 import attrs
 import numpy as np
-import scipy.optimize
 import tensorflow as tf
 
+from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.models import model_weights
@@ -71,16 +71,9 @@ def feature_mismatch(features, targets):
 
 def _lbfgs(value_and_gradient, start: np.ndarray, iterations: int,
            bounds=None) -> tuple[np.ndarray, float]:
-  def fun(flat):
-    value, gradient = value_and_gradient(tf.constant(flat, tf.float32))
-    return float(value), gradient.numpy().astype(np.float64)
-
-  result = scipy.optimize.minimize(
-      fun, start.astype(np.float64), jac=True, method='L-BFGS-B',
-      bounds=bounds, options={'maxiter': iterations,
-                              'maxfun': 2 * iterations + 20,
-                              'ftol': 0.0, 'gtol': 0.0})
-  return result.x.astype(np.float32), float(result.fun)
+  flat, value = dlg_tf.minimize_lbfgs(value_and_gradient, start, iterations,
+                                      bounds, tf.float32)
+  return flat.astype(np.float32), value
 
 
 @attrs.define(frozen=True)
@@ -247,8 +240,8 @@ class _ShadowTrainer:
       with tf.GradientTape() as tape:
         features = nets.extractor(x, training=True)
         logits = nets.classifier(features, training=False)
-        loss = (training_tf.cross_entropy(y, logits) +
-                distill_weight * tf.reduce_mean(tf.square(features - fake)))
+        loss = (training_tf.cross_entropy(y, logits) + distill_weight *
+                fedcg_tf.feature_distance('mse', features, fake))
       optimizer.apply_gradients(zip(tape.gradient(loss, variables),
                                     variables))
       return loss
