@@ -297,6 +297,25 @@ def test_disk_store_names_a_state_of_another_shape_and_sets_it_aside_only_if_dam
   assert os.listdir(tmp_path) == ['damaged_client_00000.r000001.npz']
 
 
+def test_disk_store_leaves_a_file_it_may_not_read_in_place(tmp_path,
+                                                            monkeypatch):
+  """An error of the machine (here a permission) is not damage: `check`
+  lets it through and sets nothing aside."""
+  client_store.DiskClientStore(str(tmp_path), 1, None, _toy_state(0)).save(
+      1, [0], [_toy_state(7)])
+  store = client_store.DiskClientStore(
+      str(tmp_path), 1, lambda ids: [_toy_state(0) for _ in ids],
+      _toy_state(0))
+
+  def refused(path, *args, **kwargs):
+    raise PermissionError(13, 'Permission denied', str(path))
+
+  monkeypatch.setattr(np, 'load', refused)
+  with pytest.raises(PermissionError):
+    store.check()
+  assert os.listdir(tmp_path) == ['client_00000.r000001.npz']
+
+
 # ---------------------------------------------------------------------------
 # Rounds with 52 tiny clients, 5 a round.
 
@@ -526,8 +545,11 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
   said = '\n'.join(lines)
   assert 'the saved state of round 3 (' in said and ') is damaged' in said
   assert str(bad) in said, said
-  assert os.path.exists(bad.parent / f'damaged_{bad.name}') or os.path.exists(
-      tmp_path / 'broken' / 'ckpt' / 'damaged_round_3')
+  # Set aside under its own name: the checkpoint, or the client's file
+  # (whose round-3 checkpoint is then set aside with it).
+  assert os.path.exists(tmp_path / 'broken' / 'ckpt' / 'damaged_round_3')
+  if not damaged.startswith('checkpoint'):
+    assert os.path.exists(bad.parent / f'damaged_{bad.name}')
   earlier = list((tmp_path / 'broken').glob('earlier_attempt_*'))
   if damaged == 'older_client_file':
     assert 'the run starts over' in said, said

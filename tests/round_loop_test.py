@@ -222,6 +222,28 @@ def test_resume_sets_aside_only_what_is_damaged(tmp_path):
   assert "client 0's file of round 2" in lines[0]
 
 
+def test_an_error_of_the_machine_sets_no_save_aside(tmp_path, monkeypatch):
+  """Memory running out inside TF while a save is read is not damage: it
+  propagates, and every save stays where it was."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  checkpoints = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
+  algo = _ScriptedAlgorithm([[0.1], [0.2]], [[0.1], [0.2]])
+  round_loop.run(algo, lambda r: [r], [None], [None], max_rounds=2,
+                 patience=9, log=lambda _: None, checkpoints=checkpoints)
+  template = round_loop._checkpoint_template(algo.state(), 1)  # pylint: disable=protected-access
+
+  async def out_of_memory(version, structure):
+    raise tf.errors.ResourceExhaustedError(None, None, 'OOM when allocating')
+
+  monkeypatch.setattr(checkpoints._manager, 'load', out_of_memory)  # pylint: disable=protected-access
+  for read in (lambda: checkpoints.resume(template, lambda *_: None,
+                                          log=lambda _: None),
+               lambda: checkpoints.load(2, template)):
+    with pytest.raises(tf.errors.ResourceExhaustedError):
+      read()
+  assert checkpoints.kept_rounds() == [1, 2]
+
+
 def test_non_finite_values_stop_the_run_naming_them(tmp_path):
   checkpoints = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
   algo = _ScriptedAlgorithm([[0.1], [0.2], [0.3]], [[0.1], [0.2], [0.3]])

@@ -66,6 +66,18 @@ READ_ERRORS = (tf.errors.OpError, protobuf_message.DecodeError, ValueError,
                DamagedState)
 
 
+# Errors of the machine, not of the file: memory running out inside TF,
+# a permission, an interrupted or cancelled call. Reading again later may
+# succeed, so the save is left where it is (nothing set aside, nothing
+# after it discarded) and the error propagates. Catch these before
+# READ_ERRORS, which holds all of them (MemoryError stays damage: a garbled
+# shape asks numpy for an impossible array).
+NOT_DAMAGE = (tf.errors.ResourceExhaustedError, tf.errors.PermissionDeniedError,
+              tf.errors.UnavailableError, tf.errors.CancelledError,
+              tf.errors.DeadlineExceededError, tf.errors.AbortedError,
+              PermissionError, InterruptedError)
+
+
 def describe_error(error: BaseException) -> str:
   """'DataLossError: <its first line>' for a message."""
   text = str(error).strip().splitlines()
@@ -202,6 +214,8 @@ class Checkpoints:
       try:
         state = asyncio.run(self._manager.load(version, template))
         state = tf.nest.map_structure(np.asarray, state)
+      except NOT_DAMAGE:
+        raise
       except READ_ERRORS as e:
         error = e
         other = self._other_structure(version, template, e)
@@ -262,6 +276,8 @@ class Checkpoints:
                        f'{rounds_done} (kept: {versions})')
     try:
       state = asyncio.run(self._manager.load(rounds_done, template))
+    except NOT_DAMAGE:
+      raise
     except READ_ERRORS as e:
       other = self._other_structure(rounds_done, template, e)
       if other is not None:

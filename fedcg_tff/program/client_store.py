@@ -239,6 +239,8 @@ class DiskClientStore:
         if _intact_zip(path):
           raise checkpoint.StateMismatch(f'{path}: {e}') from None
         error = e
+      except checkpoint.NOT_DAMAGE:
+        raise
       except checkpoint.READ_ERRORS as e:
         error = e
       else:
