@@ -94,8 +94,18 @@ def test_run_stops_after_patience_rounds_without_a_new_best(tmp_path):
   result = round_loop.run(algo, train_data_fn=lambda r: [f'data{r}'],
                           val_data=[None, None], test_data=[None, None],
                           max_rounds=7, patience=3, writer=writer,
-                          log=lines.append)
+                          log=lines.append, checkpoints=checkpoint.Checkpoints(
+                              str(tmp_path / 'ckpt')))
   assert result.stopped_early and result.rounds_run == 6
+  # Rerun (say after a crash before results.json was written): it stops
+  # where it stopped, without training round 7 (which would be a new best).
+  again = _ScriptedAlgorithm(val, test)
+  rerun = round_loop.run(again, lambda r: [f'data{r}'], [None, None],
+                         [None, None], max_rounds=7, patience=3,
+                         log=lambda _: None, checkpoints=checkpoint.Checkpoints(
+                             str(tmp_path / 'ckpt')))
+  assert again.rounds == [] and rerun.stopped_early
+  assert rerun.rounds_run == 6 and rerun.tracker.test_at_best == [0.5, 0.6]
   assert [r for r, _ in algo.rounds] == list(range(6))
   assert algo.rounds[4][1] == ['data4']
   assert result.tracker.test_at_best == [0.5, 0.6]
