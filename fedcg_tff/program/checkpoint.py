@@ -212,15 +212,9 @@ class Checkpoints:
             f'round {limit}, which is damaged; set aside as {aside}')
         continue
       try:
-        state = asyncio.run(self._manager.load(version, template))
-        state = tf.nest.map_structure(np.asarray, state)
-      except NOT_DAMAGE:
-        raise
-      except READ_ERRORS as e:
-        error = e
-        other = self._other_structure(version, template, e)
-        if other is not None:
-          raise StateMismatch(f'{self.path(version)}: {other}') from None
+        state = self._read(version, template)
+      except DamagedState as e:
+        error = e.__cause__  # What reading raised, for the message below.
       else:
         try:
           restore(version, state)
@@ -274,17 +268,23 @@ class Checkpoints:
     if rounds_done not in versions:
       raise ValueError(f'{self.directory} keeps no save of round '
                        f'{rounds_done} (kept: {versions})')
+    return self._read(rounds_done, template)
+
+  def _read(self, version: int, template: dict[str, Any]) -> dict[str, Any]:
+    """The save of `version` read against `template`, with numpy leaves.
+    Raises `StateMismatch` if it holds a state of another structure,
+    `DamagedState` naming it (caused by what reading raised) if it cannot
+    be read, and an error of the machine (`NOT_DAMAGE`) as it came."""
     try:
-      state = asyncio.run(self._manager.load(rounds_done, template))
+      state = asyncio.run(self._manager.load(version, template))
+      return tf.nest.map_structure(np.asarray, state)
     except NOT_DAMAGE:
       raise
     except READ_ERRORS as e:
-      other = self._other_structure(rounds_done, template, e)
+      other = self._other_structure(version, template, e)
       if other is not None:
-        raise StateMismatch(f'{self.path(rounds_done)}: {other}') from None
-      raise DamagedState(f'{self.path(rounds_done)}: '
-                         f'{describe_error(e)}') from e
-    return tf.nest.map_structure(np.asarray, state)
+        raise StateMismatch(f'{self.path(version)}: {other}') from None
+      raise DamagedState(f'{self.path(version)}: {describe_error(e)}') from e
 
   def _set_aside(self, version: int) -> str:
     """Renames a damaged save out of the manager's view; returns the new

@@ -56,6 +56,12 @@ class ClientSampling:
   states_dir: str | None = None
 
 
+def check_clients_per_round(clients_per_round: int, num_clients: int) -> None:
+  if not 1 <= clients_per_round <= num_clients:
+    raise ValueError(f'clients_per_round must be in [1, {num_clients}] '
+                     f'(the number of clients), got {clients_per_round}')
+
+
 def sample_clients(seed: int, round_num: int, num_clients: int,
                    clients_per_round: int) -> list[int]:
   """The clients of 0-based round `round_num`, sorted.
@@ -63,10 +69,12 @@ def sample_clients(seed: int, round_num: int, num_clients: int,
   A pure function of (run seed, round), so a resumed run samples the same
   clients as an uninterrupted one; with every client taking part it is all
   of them in order, exactly the driver's behaviour without sampling.
+  (`tff.simulation.build_uniform_sampling_fn` is such a function too, but
+  it returns the clients unsorted and, when all take part, in a shuffled
+  order; switching now would also change the clients that runs already
+  made sampled, and so their resumption.)
   """
-  if not 1 <= clients_per_round <= num_clients:
-    raise ValueError(f'clients_per_round must be in [1, {num_clients}] '
-                     f'(the number of clients), got {clients_per_round}')
+  check_clients_per_round(clients_per_round, num_clients)
   if clients_per_round == num_clients:
     return list(range(num_clients))
   rng = np.random.default_rng([seed, round_num])
@@ -181,14 +189,19 @@ class DiskClientStore:
         states.append(initial[i])
         continue
       path = self.path(i, self._versions[i][-1])
-      with np.load(path) as f:
-        packed = {dtype: f[dtype] for dtype in f.files}
       try:
-        states.append(checkpoint.unpack(packed, self._template))
+        states.append(self._read(path))
       except checkpoint.StateMismatch as e:
         raise checkpoint.StateMismatch(f'{path}: {e}') from None
     self.max_loaded = max(self.max_loaded, len(states))
     return states
+
+  def _read(self, path: str) -> Any:
+    """The client state in the file at `path` (`StateMismatch` if it holds
+    another state; what reading raised if it cannot be read)."""
+    with np.load(path) as f:
+      return checkpoint.unpack({dtype: f[dtype] for dtype in f.files},
+                               self._template)
 
   def save(self, rounds_done: int, ids: Sequence[int],
            states: Sequence[Any]) -> None:
@@ -229,9 +242,7 @@ class DiskClientStore:
         continue
       path = self.path(client, versions[-1])
       try:
-        with np.load(path) as f:
-          checkpoint.unpack({dtype: f[dtype] for dtype in f.files},
-                            self._template)
+        self._read(path)
       except checkpoint.StateMismatch as e:
         # Intact but not this code's, unless the zip says otherwise: a
         # garbled shape in a member's header reads short, before the

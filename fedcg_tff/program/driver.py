@@ -89,10 +89,7 @@ class Driver:
     self.runner = round_runner.RoundRunner(process.parts, workers, on_timing)
     self.num_clients = num_clients
     self.clients_per_round = sampling.clients_per_round or num_clients
-    if not 1 <= self.clients_per_round <= num_clients:
-      raise ValueError(
-          f'clients_per_round must be in [1, {num_clients}] (the number of '
-          f'clients), got {self.clients_per_round}')
+    client_store.check_clients_per_round(self.clients_per_round, num_clients)
     self.server_state = process.initialize()
     initialize_clients = process.initialize_clients
     seeds = client_seeds(config, num_clients)
