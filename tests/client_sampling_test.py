@@ -295,6 +295,15 @@ def test_disk_store_names_a_state_of_another_shape_and_sets_it_aside_only_if_dam
   with pytest.raises(checkpoint.DamagedState, match='is damaged'):
     store.check()
   assert os.listdir(tmp_path) == ['damaged_client_00000.r000001.npz']
+  # Damaged again under the same name (the round redone): the earlier
+  # damaged copy is kept beside it.
+  path.write_bytes(data.replace(b"'shape': (2000,)", b"'shape': (2,)   "))
+  with pytest.raises(checkpoint.DamagedState, match=r'\.npz\.2\) is damaged'):
+    client_store.DiskClientStore(
+        str(tmp_path), 1, lambda ids: [_toy_state(0) for _ in ids],
+        _toy_state(0)).check()
+  assert sorted(os.listdir(tmp_path)) == [
+      'damaged_client_00000.r000001.npz', 'damaged_client_00000.r000001.npz.2']
 
 
 def test_disk_store_leaves_a_file_it_may_not_read_in_place(tmp_path,

@@ -17,7 +17,6 @@ the message names it, and the run resumes from the newest intact version.
 
 import asyncio
 import os
-import time
 import zipfile
 from typing import Any, Callable
 
@@ -76,6 +75,20 @@ NOT_DAMAGE = (tf.errors.ResourceExhaustedError, tf.errors.PermissionDeniedError,
               tf.errors.UnavailableError, tf.errors.CancelledError,
               tf.errors.DeadlineExceededError, tf.errors.AbortedError,
               PermissionError, InterruptedError)
+
+
+def set_aside(path: str) -> str:
+  """Renames the damaged save or file `path` to `damaged_<its name>` beside
+  it, or `damaged_<its name>.2`, `.3`, ... if that is taken (an earlier
+  damaged copy is never replaced); returns the new path."""
+  parent, name = os.path.split(path)
+  aside = os.path.join(parent, f'damaged_{name}')
+  taken, n = aside, 1
+  while os.path.exists(taken):
+    n += 1
+    taken = f'{aside}.{n}'
+  os.replace(path, taken)
+  return taken
 
 
 def describe_error(error: BaseException) -> str:
@@ -287,10 +300,5 @@ class Checkpoints:
       raise DamagedState(f'{self.path(version)}: {describe_error(e)}') from e
 
   def _set_aside(self, version: int) -> str:
-    """Renames a damaged save out of the manager's view; returns the new
-    path (`damaged_round_<n>`, with a timestamp if that exists)."""
-    aside = os.path.join(self.directory, f'damaged_round_{version}')
-    if os.path.exists(aside):
-      aside += f'.{int(time.time())}'
-    os.replace(self.path(version), aside)
-    return aside
+    """Renames a damaged save out of the manager's view (`set_aside`)."""
+    return set_aside(self.path(version))

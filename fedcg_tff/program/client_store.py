@@ -256,9 +256,7 @@ class DiskClientStore:
         error = e
       else:
         continue
-      aside = os.path.join(self.directory,
-                           'damaged_' + os.path.basename(path))
-      os.replace(path, aside)
+      aside = checkpoint.set_aside(path)
       version = versions.pop()
       raise checkpoint.DamagedState(
           f'client {client}\'s state after round {version} ({path}, set '
