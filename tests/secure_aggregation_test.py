@@ -11,6 +11,7 @@ import tree
 from fedcg_tff.algorithms import catalog
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.privacy import secure_aggregation
+from tests import built
 from tests.placement import crossings
 
 SECURE = 'federated_secure_sum_bitwidth'
@@ -100,3 +101,38 @@ def test_secure_fedavg_sums_uploads_securely_and_matches_plain_fedavg():
   for a, b in zip(tree.flatten(secure.server_state.shared),
                   tree.flatten(plain.server_state.shared)):
     np.testing.assert_allclose(a, b, rtol=0, atol=tolerance)
+
+
+def test_secure_fedcg_sums_every_upload_securely():
+  """FedCG's round sends every upload (G_i, C_i, the teacher logits) to the
+  server through the secure sum only; on real uploads of a round (tiny
+  data) the secure mean clips nothing at the default bound (the logits
+  are weighted by n_i too) and equals the plain weighted mean up to the
+  quantisation step. (The server's state after the round is not compared:
+  its distillation's Adam steps amplify the quantisation.)"""
+  plain = built.process('fedcg', built.TINY)
+  secure = catalog.build_process(
+      'fedcg', built.TINY,
+      aggregation_factory=secure_aggregation.mean_factory())
+  uris = _uris(secure.next)
+  assert SECURE in uris and not uris & PLAIN_SUMS, uris
+  outputs = plain.parts.clients_step(
+      plain.initialize(), plain.initialize_clients([1, 2]),
+      [_client_data(s) for s in (1, 2)])
+  uploads, weights = [o.upload for o in outputs], [o.weight for o in outputs]
+  upload_type = secure.parts.server_step.type_signature.parameter[1].member
+  mean = secure_aggregation.mean_factory().create(upload_type, WEIGHT_TYPE)
+  out = mean.next(mean.initialize(), uploads, weights)
+  counts = [v for path, v in tree.flatten_with_path(out.measurements)
+            if 'clipped_count' in str(path[-1])]
+  assert counts and not any(counts), out.measurements
+  total = float(sum(weights))
+  for name in ('generator', 'classifier', 'teacher_logits'):
+    for got, *each in zip(tree.flatten(getattr(out.result, name)),
+                          *(tree.flatten(getattr(u, name)) for u in uploads)):
+      want = np.average(each, axis=0, weights=weights)
+      float_rounding = 4 * np.finfo(np.float32).eps * np.max(
+          np.abs(each)) * total
+      tolerance = (len(uploads) * secure_aggregation.DEFAULT_BOUND / 2**32 +
+                   float_rounding) / total
+      np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
