@@ -115,7 +115,10 @@ def _ours_and_oracle(algorithm, mu=0.0):
     ('fedgen', ('extractor', 'classifier', 'generator'),
      ('classifier', 'generator')),
 ])
-def test_each_side_builds_only_the_networks_it_uses(name, client, server):
+def test_the_networks_each_side_uses(name, client, server):
+  """The table of each baseline's client and server networks, which
+  `baselines_process_tff` builds from (what crosses a placement is checked
+  on the processes' types elsewhere: the table sets only what is built)."""
   baseline = baselines_tf.BASELINES[name]
   assert baseline.client_networks == client
   assert baseline.server_networks == server

@@ -338,6 +338,10 @@ def test_server_update_advances_round():
   assert int(new.round_num) == 6
   assert float(metrics.distill_kl) > 0
   assert int(new.optimizer_state['step']) == TINY.distill_steps
+  # Distilling moves the student towards the teacher: the first step's KL
+  # is above the last's, the mean between them (3 steps).
+  first, last = float(metrics.distill_kl_first), float(metrics.distill_kl_last)
+  assert first > float(metrics.distill_kl) > last
 
 
 def _draw(config, model, seed):

@@ -28,6 +28,16 @@ def test_prepare_resizes_and_normalises():
   assert out.shape == (2, 32, 32, 1)
   np.testing.assert_allclose(out[0], 1.0, atol=1e-5)
   np.testing.assert_allclose(out[1], -0.6, atol=1e-5)
+  # The resize is bilinear (a constant image reads the same under any):
+  # a ramp across the columns comes out as TF's bilinear resize of it.
+  ramp = np.tile(np.linspace(0, 255, 28).astype(np.uint8)[None, None, :, None],
+                 (1, 28, 1, 1))
+  task = _task(ramp, np.zeros(1, np.int32), mean=(0.0,), std=(1.0,))
+  out = _epoch(task.test_datasets(32)[0])[0][0]
+  resized = lambda method: tf.image.resize(
+      ramp.astype(np.float32) / 255.0, (32, 32), method).numpy()
+  np.testing.assert_allclose(out, resized('bilinear'), atol=1e-5)
+  assert np.abs(resized('bilinear') - resized('nearest')).max() > 0.01
   rgb = np.zeros((1, 32, 32, 3), np.uint8)
   task = _task(rgb, np.zeros(1, np.int32), mean=(0.485, 0.456, 0.406),
                std=(0.229, 0.224, 0.225))

@@ -105,18 +105,26 @@ def test_private_aggregation_flags_are_checked(tmp_path, args, message):
   assert not (tmp_path / 'out').exists()
 
 
-def test_dp_fedcg_flags_give_its_aggregator_and_epsilon():
+def test_dp_fedcg_flags_give_its_aggregator_and_epsilon(monkeypatch):
   """What run.json and results.json record for DP-FedCG, and the
-  aggregation the process is built with (flags parsed in-process)."""
+  aggregation the process is built with (flags parsed in-process): DP-FedCG's
+  factory with sigma, clip, the logits' clip and the clients of a round;
+  the baselines' with sigma and clip."""
   from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
+  made = []
+  monkeypatch.setattr(dp, 'fedcg_mean_factory',
+                      lambda *a: made.append(('fedcg', *a)) or 'fedcg')
+  monkeypatch.setattr(dp, 'mean_factory',
+                      lambda *a: made.append(('baseline', *a)) or 'baseline')
   with flagsaver.flagsaver():
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['run_fedcg', '--algorithm=fedcg', '--dp_sigma=1',
                  '--dp_clip=0.5', '--dp_teacher_clip=2', '--output_dir=x'])
     assert run_fedcg.dp_definition() == {
         'dp_sigma': 1.0, 'dp_clip': 0.5, 'dp_teacher_clip': 2.0}
-    built = run_fedcg.dp_aggregation(4)
-    assert built['upload_updates'] is True
+    assert run_fedcg.dp_aggregation(4) == {'aggregation_factory': 'fedcg',
+                                           'upload_updates': True}
+    assert made == [('fedcg', 1.0, 0.5, 2.0, 4)]
     summary = run_fedcg.dp_summary(7)['dp']
     assert summary['epsilon'] == dp.fedcg_epsilon(1.0, 0.5, 2.0, 7)
     assert summary['dp_teacher_clip'] == 2.0
@@ -125,6 +133,11 @@ def test_dp_fedcg_flags_give_its_aggregator_and_epsilon():
                  '--dp_clip=3', '--output_dir=x'])
     # The logits' clip defaults to --dp_clip.
     assert run_fedcg.dp_definition()['dp_teacher_clip'] == 3.0
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['run_fedcg', '--algorithm=fedavg', '--dp_sigma=0.1',
+                 '--dp_clip=3', '--output_dir=x'])
+    assert run_fedcg.dp_aggregation(3)['aggregation_factory'] == 'baseline'
+    assert made[-1] == ('baseline', 0.1, 3.0, 3)
 
 
 def test_replay_draws_is_recorded_only_when_set():
