@@ -122,16 +122,23 @@ def main(argv):
   if bad or not FLAGS.algorithms:
     raise app.UsageError(f'--algorithms: {bad or "empty"} not in '
                          f'{tuple(ORIGINAL)}')
+  common.distinct_list('algorithms', str, 'names')
   seeds = common.distinct_list('seeds', int, 'integers')
+
+  def run_args(algorithm, seed):
+    rounds = max(ORIGINAL[algorithm]) + 1
+    args = [f'--algorithm={algorithm}', f'--seed={seed}',
+            f'--rounds={rounds}', f'--patience={rounds}',
+            f'--output_dir={run_dir(algorithm, seed)}', *RUN_FLAGS]
+    return args + ([f'--data_dir={FLAGS.data_dir}'] if FLAGS.data_dir else [])
+
   if not FLAGS.report_only:
+    # Every run's flags (a seed out of range, say) before the first runs.
+    common.check_run_fedcg_flags({f'{a} seed {s}': run_args(a, s)
+                                  for a in FLAGS.algorithms for s in seeds})
     for algorithm in FLAGS.algorithms:
-      rounds = max(ORIGINAL[algorithm]) + 1
       for seed in seeds:
-        args = [f'--algorithm={algorithm}', f'--seed={seed}',
-                f'--rounds={rounds}', f'--patience={rounds}',
-                f'--output_dir={run_dir(algorithm, seed)}', *RUN_FLAGS]
-        if FLAGS.data_dir:
-          args.append(f'--data_dir={FLAGS.data_dir}')
+        args = run_args(algorithm, seed)
         print(f'{algorithm} seed {seed}: run_fedcg {" ".join(args)}',
               flush=True)
         code = common.run_fedcg(args)

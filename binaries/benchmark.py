@@ -217,8 +217,9 @@ def main(argv):
   print(f'training FLOPs per round (estimate): {train_flops / 1e9:.1f} GFLOP;'
         f' achieved {achieved / 1e9:.2f} GFLOP/s over the clients\' wall time'
         f' ({train_flops / train_seconds / 1e9:.2f} GFLOP/s per busy client)'
-        f' = {100 * achieved / peak:.2f}% of peak {peak / 1e9:.0f} GFLOP/s '
-        f'({peak_how})')
+        + (f' = {100 * achieved / peak:.2f}% of peak {peak / 1e9:.0f} '
+           f'GFLOP/s ({peak_how})' if peak else
+           ' (peak unknown: /proc/cpuinfo lists no clock)'))
   print(f'peak RSS: driver {memory["driver"] / 2**20:.0f} MiB, workers '
         + ', '.join(f'{m / 2**20:.0f} MiB' for m in memory['workers']))
   if FLAGS.json:

@@ -17,7 +17,6 @@ on Ctrl-C or SIGTERM.
 
 import os
 import signal
-import subprocess
 import sys
 
 from absl import app
@@ -55,12 +54,9 @@ def main(argv):
   try:
     sys.exit(worker.wait())
   finally:
-    if worker.poll() is None:
-      worker.send_signal(signal.SIGINT)
-      try:
-        worker.wait(timeout=5)
-      except subprocess.TimeoutExpired:
-        worker.kill()
+    if worker.poll() is None:  # Stopped as TFF stops its own workers.
+      runtime.stop_worker_pid(worker.pid, signal.SIGINT)
+      worker.wait()
 
 
 if __name__ == '__main__':

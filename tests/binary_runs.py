@@ -16,6 +16,8 @@ import time
 
 import psutil
 
+from fedcg_tff.execution import runtime
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -81,12 +83,7 @@ class BinaryRun:
       if time.time() > deadline:
         kill_tree(self.proc)
         raise subprocess.TimeoutExpired(self.proc.args, timeout)
-      try:
-        workers |= {p.pid for p in psutil.Process(
-            self.proc.pid).children(recursive=True)
-                    if p.name() == 'worker_binary'}
-      except psutil.Error:
-        pass
+      workers |= {p.pid for p in runtime.worker_processes(self.proc.pid)}
       time.sleep(0.2)
     self._out.seek(0)
     self._err.seek(0)
@@ -95,6 +92,15 @@ class BinaryRun:
     self._out.close()
     self._err.close()
     return done, workers
+
+
+def alive(pid: int) -> bool:
+  """Whether process `pid` runs (a zombie has ended: it waits only to be
+  reaped)."""
+  try:
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
 
 
 def run_binary(module: str, args, timeout: float = 600,

@@ -1,5 +1,7 @@
 """The host description every timing carries."""
 
+import re
+
 from fedcg_tff.execution import devices
 
 _AMD_AVX2 = ('processor\t: 0\nmodel name\t: AMD EPYC\ncpu family\t: 25\n'
@@ -18,7 +20,17 @@ def test_hosts_with_one_model_name_are_told_apart():
 
 
 def test_this_host_is_described():
-  assert devices.host_cpu().endswith(('AVX-512)', 'AVX2)', 'no AVX2)'))
+  """This host's model name and widest vector unit, as read off
+  /proc/cpuinfo here independently."""
+  with open('/proc/cpuinfo') as f:
+    text = f.read()
+  model = re.search(r'^model name\s*:\s*(.*)$', text, re.M).group(1).strip()
+  flags = re.search(r'^flags\s*:\s*(.*)$', text, re.M).group(1).split()
+  unit = ('AVX-512' if 'avx512f' in flags else
+          'AVX2' if 'avx2' in flags else 'no AVX2')
+  described = devices.host_cpu()
+  assert described.startswith(model + ' (') and described.endswith(
+      unit + ')'), (described, model, unit)
 
 
 def test_peak_counts_every_processor_at_its_vector_width():
@@ -44,3 +56,23 @@ def test_zen4_avx512_peaks_at_avx2_width():
   assert devices.peak_float32_flops(zen4)[0] == 2 * 2.5e9 * 32
   for other in (host('AuthenticAMD', '26'), host('GenuineIntel', '6')):
     assert devices.peak_float32_flops(other)[0] == 2 * 2.5e9 * 64
+
+
+def test_zen1_runs_avx2_at_half_width():
+  """AMD's family 23 below model 0x30 (Zen 1) runs AVX2's FMA on 128-bit
+  pipes: 16 FLOP/cycle; from model 0x30 (Zen 2, 49 here) 32."""
+  def host(model):
+    return _AMD_AVX2.replace('processor\t: ', 'vendor_id\t: AuthenticAMD\n'
+                             f'model\t\t: {model}\nprocessor\t: ').replace(
+                                 'family\t: 25', 'family\t: 23')
+  assert devices.peak_float32_flops(host(1))[0] == 2 * 2.5e9 * 16
+  assert devices.peak_float32_flops(host(49))[0] == 2 * 2.5e9 * 32
+
+
+def test_peak_without_a_clock_is_zero_and_counts_usable_cpus(monkeypatch):
+  """No clock listed: a peak of 0 (the benchmark then prints no share of
+  it). This host's count is its usable CPUs: a container limited to one
+  of them is not credited with the others /proc/cpuinfo lists."""
+  assert devices.peak_float32_flops('flags\t: fpu avx2 fma\n')[0] == 0.0
+  monkeypatch.setattr(devices, 'usable_cpus', lambda: 1)
+  assert devices.peak_float32_flops()[1].startswith('1 cores x ')

@@ -42,8 +42,10 @@ _SCRIPT = textwrap.dedent('''
       time.sleep(120)
     if mode == 'drop':  # A context dropped before exit stops its worker.
       import gc
+      import psutil
       from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
       from fedcg_tff.execution import workers
+      default = {{p.pid for p in runtime.worker_processes()}}
       context = workers.local_contexts(1)[0]
       with context_stack_impl.context_stack.install(context):
         assert add_one(2.0) == 3.0
@@ -51,9 +53,13 @@ _SCRIPT = textwrap.dedent('''
         with open(f'/proc/{{p.pid}}/status') as f:
           ignored = [l.split()[1] for l in f if l.startswith('SigIgn')][0]
         print('SIGINT_IGNORED', p.pid, bool(int(ignored, 16) & 2), flush=True)
+      dropped = [p for p in runtime.worker_processes() if p.pid not in default]
+      assert dropped
       del context
       gc.collect()
-      print('DROPPED', flush=True)
+      # Stopped by the drop itself, before the exit's cleanup could.
+      _, alive = psutil.wait_procs(dropped, timeout=10)
+      print('DROPPED', len(alive), 'alive', flush=True)
 ''')
 
 
@@ -84,13 +90,6 @@ def _run(mode, send=None, sigint_ignored=False):
   return proc.returncode, worker_pids, out.decode()
 
 
-def _alive(pid):
-  try:
-    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-  except psutil.NoSuchProcess:
-    return False
-
-
 # A normal exit (rc 0) is the 'drop' script's end: see the test after this.
 # A hard crash (os.abort) runs no Python, as SIGKILL: the parent-death
 # signal stops the worker in both, so SIGKILL stands for both.
@@ -106,9 +105,9 @@ def test_worker_stopped_with_parent(mode, send, expect_rc):
   assert worker_pids, 'the script should have started a worker'
   assert rc == expect_rc
   deadline = time.time() + 10
-  while any(_alive(p) for p in worker_pids) and time.time() < deadline:
+  while any(binary_runs.alive(p) for p in worker_pids) and time.time() < deadline:
     time.sleep(0.2)
-  assert not any(_alive(p) for p in worker_pids)
+  assert not any(binary_runs.alive(p) for p in worker_pids)
 
 
 def test_dropped_context_stops_its_worker_when_sigint_is_ignored():
@@ -117,11 +116,11 @@ def test_dropped_context_stops_its_worker_when_sigint_is_ignored():
   the ignored SIGINT hung the binary at its end. The script then exits
   normally: the default context's worker (in WORKERS) stops with it."""
   rc, worker_pids, out = _run('drop', sigint_ignored=True)
-  assert rc == 0 and 'DROPPED' in out
+  assert rc == 0 and 'DROPPED 0 alive' in out, out
   flags = [line.split()[2] for line in out.splitlines()
            if line.startswith('SIGINT_IGNORED')]
   assert flags and set(flags) == {'False'}
-  assert not any(_alive(p) for p in worker_pids)
+  assert not any(binary_runs.alive(p) for p in worker_pids)
 
 
 def test_shutdown_workers_is_idempotent_without_workers():
@@ -146,11 +145,36 @@ def test_a_binary_stopped_at_its_time_limit_leaves_no_process():
   # Killed, the orphan is a zombie until whatever init reaps it (if one
   # does): dead either way.
   deadline = time.monotonic() + 5
-  while time.monotonic() < deadline and _alive(child.pid):
+  while time.monotonic() < deadline and binary_runs.alive(child.pid):
     time.sleep(0.05)
-  assert not _alive(child.pid)
+  assert not binary_runs.alive(child.pid)
   assert proc.returncode is not None
 
 
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
+
+
+def test_stopping_a_worker_pid_spares_other_processes():
+  """TFF stops a worker by pid, maybe one reaped long ago and reused: only a
+  worker this process started is signalled."""
+  other = subprocess.Popen(['sleep', '30'])
+  try:
+    runtime.stop_worker_pid(other.pid, signal.SIGKILL)
+    assert binary_runs.alive(other.pid)
+  finally:
+    other.kill()
+    other.wait()
+
+
+def test_workers_start_without_setpriv_when_it_fails(monkeypatch):
+  """A `setpriv` without --pdeathsig (util-linux before 2.33) would make
+  every worker fail to start: the command then runs without it."""
+  monkeypatch.setattr(runtime, '_SETPRIV', '/bin/false')
+  runtime._setpriv_works.cache_clear()  # pylint: disable=protected-access
+  try:
+    assert runtime._worker_command(['w', '--port=1']) == ['w', '--port=1']  # pylint: disable=protected-access
+  finally:
+    monkeypatch.undo()
+    runtime._setpriv_works.cache_clear()  # pylint: disable=protected-access
+  assert runtime._worker_command(['w'])[1:4] == ['--pdeathsig', 'KILL', '--']  # pylint: disable=protected-access

@@ -6,7 +6,6 @@ import sys
 import time
 
 import numpy as np
-import psutil
 import pytest
 import tensorflow as tf
 import tree
@@ -15,6 +14,7 @@ from fedcg_tff.execution import round_runner
 from fedcg_tff.execution import runtime
 from fedcg_tff.execution import workers
 from fedcg_tff.program import driver
+from tests import binary_runs
 from tests import built
 
 TINY = built.TINY
@@ -63,12 +63,7 @@ def two_workers():
 
 
 def _running(processes):
-  def running(p):
-    try:
-      return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-      return False
-  return [p for p in processes if running(p)]
+  return [p for p in processes if binary_runs.alive(p.pid)]
 
 
 def _cpu_by_pid():
@@ -168,14 +163,17 @@ def test_remote_worker_by_address(fedavg_process):
         fedavg_process.next(server_state, clients, data),
         round_runner.RoundRunner(fedavg_process.parts, pool)(
             server_state, clients, data))
+    served_by = runtime.worker_processes(server.pid)
+    assert len(served_by) == 1, served_by
   finally:
     server.terminate()
     assert server.wait(timeout=20) is not None
-  # The worker binary run_worker started went with it.
+  # The worker binary run_worker started went with it (its pid was taken
+  # while run_worker lived: a worker left behind would no longer be its).
   deadline = time.time() + 10
-  while runtime.worker_processes(server.pid) and time.time() < deadline:
+  while _running(served_by) and time.time() < deadline:
     time.sleep(0.2)
-  assert not runtime.worker_processes(server.pid)
+  assert not _running(served_by)
 
 
 def test_unreachable_address_is_named(monkeypatch):

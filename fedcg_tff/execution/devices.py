@@ -92,6 +92,19 @@ def cpu_processors(cpuinfo: str | None = None) -> list[dict[str, str]]:
 # operations too, and Intel parts with one 512-bit FMA port (some Xeon
 # Bronze, Silver and Gold 5xxx), whose peak is also 32.
 _HALF_WIDTH_AVX512_FAMILIES = {('AuthenticAMD', '25')}
+# AMD's family 23 below model 0x30 (Zen 1, Zen+) runs AVX2 on 128-bit FMA
+# pipes, a 256-bit operation in two passes: 16 FLOPs a cycle, not 32.
+# Family 23 from model 0x30 on (Zen 2) has 256-bit pipes.
+_ZEN2_FIRST_MODEL = 0x30
+
+
+def _half_width_avx2(processor: dict[str, str]) -> bool:
+  try:
+    model = int(processor.get('model', ''))
+  except ValueError:
+    return False
+  return (processor.get('vendor_id') == 'AuthenticAMD' and
+          processor.get('cpu family') == '23' and model < _ZEN2_FIRST_MODEL)
 
 
 def _vector_unit(processor: dict[str, str]) -> tuple[str, int]:
@@ -105,8 +118,18 @@ def _vector_unit(processor: dict[str, str]) -> tuple[str, int]:
             ) in _HALF_WIDTH_AVX512_FAMILIES
     return 'AVX-512', 32 if half else 64
   if 'avx2' in flags:
-    return 'AVX2', 32 if 'fma' in flags else 16
+    return 'AVX2', 32 if 'fma' in flags and not _half_width_avx2(
+        processor) else 16
   return 'no AVX2', 8
+
+
+def usable_cpus() -> int:
+  """The CPUs this process may run on (its affinity, which a container's
+  cpuset limits; `os.cpu_count()` counts the host's)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # Not Linux.
+    return os.cpu_count() or 1
 
 
 def host_cpu(cpuinfo: str | None = None) -> str:
@@ -124,14 +147,19 @@ def host_cpu(cpuinfo: str | None = None) -> str:
 
 
 def peak_float32_flops(cpuinfo: str | None = None) -> tuple[float, str]:
-  """(float32 FLOP/s, how it was derived) of this machine's CPUs: every
-  processor's current clock times the first one's FLOPs per cycle. The
-  benchmark's "% of peak" divides by it (os.cpu_count() cores when the
-  file lists no clock)."""
+  """(float32 FLOP/s, how it was derived) of the CPUs this process may run
+  on: their count times the processors' mean clock (as /proc/cpuinfo lists
+  it) times the first one's FLOPs per cycle; 0.0 if no clock is listed.
+  The benchmark's "% of peak" divides by it. Reading this host, the count
+  is the process's CPU affinity where that is smaller than the file's list
+  (a container limited to some of the host's CPUs sees all of them there);
+  for given `cpuinfo` text, the processors it lists."""
   processors = cpu_processors(cpuinfo)
   mhz = [float(p['cpu MHz']) for p in processors if 'cpu MHz' in p]
   _, per_cycle = _vector_unit(processors[0])
-  cores = len(mhz) or os.cpu_count()
+  cores = len(mhz) or len(processors)
+  if cpuinfo is None:
+    cores = min(cores, usable_cpus())
   clock = (sum(mhz) / len(mhz) if mhz else 0.0) * 1e6
   return (cores * clock * per_cycle,
           f'{cores} cores x {clock / 1e9:.2f} GHz x {per_cycle} FLOP/cycle')

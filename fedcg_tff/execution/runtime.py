@@ -22,6 +22,7 @@ worker is still alive after STOP_TIMEOUT_SECONDS.
 """
 
 import atexit
+import functools
 import gc
 import os
 import shutil
@@ -33,6 +34,8 @@ import time
 import types
 
 import psutil
+
+from fedcg_tff.execution import devices
 
 WORKER_NAME = 'worker_binary'
 
@@ -93,8 +96,23 @@ def shutdown_workers(timeout: float = STOP_TIMEOUT_SECONDS) -> int:
 _SETPRIV = shutil.which('setpriv')
 
 
-def _worker_command(command):
+@functools.cache
+def _setpriv_works() -> bool:
+  """Whether `setpriv --pdeathsig` runs here (util-linux before 2.33 has
+  no such option: every worker would fail to start, and TFF waits for a
+  worker that never answers without end)."""
   if _SETPRIV is None:
+    return False
+  try:
+    return subprocess.run([_SETPRIV, '--pdeathsig', 'KILL', '--', 'true'],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          timeout=10, check=False).returncode == 0
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+
+
+def _worker_command(command):
+  if not _setpriv_works():
     return command
   return [_SETPRIV, '--pdeathsig', 'KILL', '--', *command]
 
@@ -127,7 +145,7 @@ def patch_worker_launcher():
   `subprocess.Popen`, so that module's `subprocess` name is pointed at a copy
   whose `Popen` is ours (everything else is the real module's). Likewise its
   `os.kill`, which TFF calls only to stop a worker (SIGINT) right before
-  waiting for it with no time limit: ours (`_stop_worker_pid`) makes sure
+  waiting for it with no time limit: ours (`stop_worker_pid`) makes sure
   the worker is dead when it returns, and ignores a process already reaped
   (stopped by `shutdown_workers`; TFF's would raise ProcessLookupError).
   """
@@ -140,17 +158,22 @@ def patch_worker_launcher():
   executor_factory.subprocess = shim
   os_shim = types.ModuleType('os')
   os_shim.__dict__.update(os.__dict__)
-  os_shim.kill = _stop_worker_pid
+  os_shim.kill = stop_worker_pid
   executor_factory.os = os_shim
 
 
-def _stop_worker_pid(pid: int, sig: int,
+def stop_worker_pid(pid: int, sig: int,
                      timeout: float = STOP_TIMEOUT_SECONDS) -> None:
   """`os.kill(pid, sig)`, then SIGKILL if the process has not died (is not
-  a zombie or gone) within `timeout`. Does not reap it: TFF's `wait` does."""
+  a zombie or gone) within `timeout`. Does not reap it: TFF's `wait` does.
+  Signals nothing unless `pid` is a worker started by this process: TFF
+  may call this with the pid of a worker `shutdown_workers` stopped and
+  reaped, which the system may since have given to another process."""
   try:
-    os.kill(pid, sig)
     process = psutil.Process(pid)
+    if process.ppid() != os.getpid() or not _is_worker(process):
+      return
+    os.kill(pid, sig)
     deadline = time.monotonic() + timeout
     while process.status() != psutil.STATUS_ZOMBIE:
       if time.monotonic() > deadline:
@@ -229,7 +252,7 @@ def default_concurrency(workers_on_this_machine: int = 1) -> int:
   """Client computations a local worker runs at once unless told: its share
   of the CPU cores. Unbounded, a worker ran 8 FMNIST clients (500 images)
   in 49 s a round against 19 s two at a time (binaries/benchmark.py)."""
-  return max(1, (os.cpu_count() or 1) // workers_on_this_machine)
+  return max(1, devices.usable_cpus() // workers_on_this_machine)
 
 
 def set_local_cpp_context(
