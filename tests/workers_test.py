@@ -1,8 +1,11 @@
 """Clients spread over several TFF workers: same round, bit for bit."""
 
+import os
+import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -181,3 +184,53 @@ def test_unreachable_address_is_named(monkeypatch):
   address = f'localhost:{_free_port()}'
   with pytest.raises(ConnectionError, match=address):
     workers.remote_context(address)
+
+
+_SLOW_SHARDS = textwrap.dedent('''
+    import sys
+    sys.path.insert(0, {root!r})
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_federated as tff
+    from fedcg_tff.execution import runtime
+    from fedcg_tff.execution import workers
+    runtime.set_local_cpp_context()
+
+    @tff.tensorflow.computation(np.float32)
+    def slow(x):  # Minutes of a scalar loop.
+      return tf.while_loop(lambda i, v: i < 10**9,
+                           lambda i, v: (i + 1, v + 1.0), (0, x))[1]
+
+    @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+    def each(xs):
+      return tff.federated_map(slow, xs)
+
+    pool = workers.Workers.local(2, max_concurrent_computation_calls=1)
+    print('STARTED', flush=True)
+    pool.map_clients(each, (), ([1.0, 2.0],))
+''')
+
+
+def test_sigterm_mid_round_on_two_workers_stops_at_once():
+  """SIGTERM while both workers run a shard: the process exits within
+  seconds and its workers with it, not when the shards end (a
+  ThreadPoolExecutor's threads made the exit wait for them)."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  proc = subprocess.Popen(
+      [sys.executable, '-c', _SLOW_SHARDS.format(root=binary_runs.ROOT)],
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+  try:
+    assert proc.stdout.readline() == b'STARTED\n'
+    deadline = time.time() + 60
+    while len(runtime.worker_processes(proc.pid)) < 2:
+      assert time.time() < deadline, 'the workers did not start'
+      time.sleep(0.2)
+    started = runtime.worker_processes(proc.pid)
+    time.sleep(2)  # Both shards are computing.
+    stop = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert time.monotonic() - stop < 15
+  finally:
+    binary_runs.kill_tree(proc)
+  assert not _running(started)

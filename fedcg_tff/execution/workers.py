@@ -21,7 +21,10 @@ address (`binaries/run_worker.py` starts one on another machine).
 """
 
 import concurrent.futures
+import functools
 import gc
+import queue
+import threading
 from typing import Sequence
 
 import grpc
@@ -95,16 +98,59 @@ def shards(num_clients: int, num_workers: int) -> list[range]:
   return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
+class _ContextThread:
+  """One daemon thread that makes every call in one execution context, for
+  the pool's whole life.
+
+  A daemon, so that an exit (SIGTERM, Ctrl-C: `SystemExit` or
+  `KeyboardInterrupt` in the main thread) does not wait for a shard in
+  progress, which a `ThreadPoolExecutor`'s threads make it do (the
+  interpreter joins them before its exit handlers run): the exit handler
+  then stops the workers (`fedcg_tff.execution.runtime`). For the pool's
+  whole life, because a local worker gets its parent-death signal when
+  the thread that started it ends, and that is the thread of its first
+  call."""
+
+  def __init__(self, context):
+    self.context = context
+    self._calls = queue.SimpleQueue()
+    self._thread = threading.Thread(target=self._serve, daemon=True,
+                                    name='fedcg-worker-context')
+    self._thread.start()
+
+  def _serve(self):
+    while (call := self._calls.get()) is not None:
+      fn, future = call
+      if not future.set_running_or_notify_cancel():
+        continue
+      try:
+        future.set_result(fn(self.context))
+      except BaseException as e:  # pylint: disable=broad-except
+        future.set_exception(e)
+
+  def submit(self, fn) -> concurrent.futures.Future:
+    """`fn(context)` on this thread."""
+    future = concurrent.futures.Future()
+    self._calls.put((fn, future))
+    return future
+
+  def close(self) -> None:
+    """Ends the thread after the calls submitted before."""
+    self._calls.put(None)
+    self._thread.join()
+
+
 class Workers:
   """A pool of execution contexts that runs one computation per client
-  shard, all shards at once (one Python thread each: TFF's context stack is
-  thread-local, so each thread installs its worker's context)."""
+  shard, all shards at once (one daemon thread per context,
+  `_ContextThread`: TFF's context stack is thread-local, so each thread
+  installs its worker's context)."""
 
   def __init__(self, contexts: Sequence):
     if not contexts:
       raise ValueError('Workers needs at least one execution context')
     self.contexts = list(contexts)
-    self._pool = concurrent.futures.ThreadPoolExecutor(len(self.contexts))
+    self._threads = [_ContextThread(c) for c in self.contexts]
 
   @classmethod
   def local(cls, count: int,
@@ -123,7 +169,9 @@ class Workers:
     context's worker process stops (TFF stops it when the context is
     collected, bounded by `fedcg_tff.runtime`); remote workers keep serving.
     Anything left stops at exit anyway."""
-    self._pool.shutdown(wait=True)
+    for thread in self._threads:
+      thread.close()
+    self._threads.clear()
     self.contexts.clear()
     gc.collect()  # Contexts sit in reference cycles.
 
@@ -145,8 +193,9 @@ class Workers:
         return list(comp(*shared, *[[arg[i] for i in shard]
                                     for arg in per_client]))
 
-    futures = [self._pool.submit(run, context, shard) for context, shard in
-               zip(self.contexts, shards(num_clients, len(self.contexts)))]
+    futures = [thread.submit(functools.partial(run, shard=shard))
+               for thread, shard in zip(
+                   self._threads, shards(num_clients, len(self.contexts)))]
     joined = []
     for future in futures:
       joined.extend(future.result())
