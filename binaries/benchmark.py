@@ -17,7 +17,9 @@ the teacher logits) and the distillation inside the server's update
   clients in the workers              first client start -> last client end
   TFF overhead                        clients' step wall time minus the above:
                                       serialising states and datasets,
-                                      dispatch, results back
+                                      dispatch, each client's first pass
+                                      over its data (counting and caching
+                                      its images), results back
   aggregation                         server's step minus the distillation
   distillation                        stamped inside the server's update
   evaluation                          every client's validation + test pass
@@ -173,6 +175,12 @@ def main(argv):
   train_flops = FLAGS.clients * (stage1 + stage2)
   train_seconds = mean['client_stage1_s'] + mean['client_stage2_s']
   peak, peak_how = devices.peak_float32_flops()
+  no_peak = '/proc/cpuinfo lists no clock'
+  if FLAGS.worker_addresses:
+    # The clients ran on other machines: this one's peak says nothing of
+    # them (and their phases are stamped on their own clocks).
+    peak, peak_how = 0.0, 'clients on remote workers'
+    no_peak = peak_how
   achieved = train_flops / mean['clients_in_workers_s']
   memory = {'driver': peak_rss_bytes(os.getpid()),
             'workers': [peak_rss_bytes(p.pid)
@@ -201,7 +209,7 @@ def main(argv):
       ('client_stage2_s', 'client stage 2 (sum over clients)'),
       ('client_teacher_s', 'teacher logits (sum over clients)'),
       ('clients_in_workers_s', 'clients in the workers (wall)'),
-      ('tff_overhead_s', 'TFF overhead (serialise, dispatch)'),
+      ('tff_overhead_s', 'TFF overhead (serialise, dispatch, 1st pass)'),
       ('aggregation_s', 'aggregation'),
       ('distillation_s', 'distillation'),
       ('round_s', 'round (clients\' + server\'s step)'),
@@ -219,7 +227,7 @@ def main(argv):
         f' ({train_flops / train_seconds / 1e9:.2f} GFLOP/s per busy client)'
         + (f' = {100 * achieved / peak:.2f}% of peak {peak / 1e9:.0f} '
            f'GFLOP/s ({peak_how})' if peak else
-           ' (peak unknown: /proc/cpuinfo lists no clock)'))
+           f' (no share of peak: {no_peak})'))
   print(f'peak RSS: driver {memory["driver"] / 2**20:.0f} MiB, workers '
         + ', '.join(f'{m / 2**20:.0f} MiB' for m in memory['workers']))
   if FLAGS.json:
