@@ -256,6 +256,14 @@ def _check_worker_flags():
   if FLAGS.device == 'cpu' and (FLAGS.logical_gpus != 1 or
                                 FLAGS.gpu_memory_mb is not None):
     raise app.UsageError('--logical_gpus and --gpu_memory_mb need --device=gpu')
+  common.at_least(1, 'logical_gpus', 'gpu_memory_mb')
+  if FLAGS.gpu_memory_mb is not None:
+    if FLAGS.logical_gpus == 1:
+      raise app.UsageError('--gpu_memory_mb is only used with --logical_gpus '
+                           '> 1 (one logical GPU grows its memory as needed)')
+  elif FLAGS.logical_gpus > 1:
+    raise app.UsageError(f'--logical_gpus={FLAGS.logical_gpus} needs '
+                         '--gpu_memory_mb (each logical GPU\'s memory)')
 
 
 def configure_device():

@@ -97,8 +97,16 @@ def test_output_dir_that_is_a_file_is_refused_at_start(tmp_path):
      '--dp_teacher_clip is only used by --algorithm=fedcg'),
     (['--dp_teacher_clip=2'], '--dp_teacher_clip is only used with'),
     (['--dp_sigma=0.1', '--dp_teacher_clip=-1'], '--dp_teacher_clip must be'),
+    # The device flags, refused before anything is read (no GPU here).
+    (['--logical_gpus=2'], '--logical_gpus and --gpu_memory_mb need'),
+    (['--device=gpu', '--logical_gpus=0'], '--logical_gpus must be >= 1'),
+    (['--device=gpu', '--logical_gpus=2', '--gpu_memory_mb=-5'],
+     '--gpu_memory_mb must be >= 1'),
+    (['--device=gpu', '--gpu_memory_mb=512'],
+     '--gpu_memory_mb is only used with --logical_gpus > 1'),
+    (['--device=gpu', '--logical_gpus=2'], 'needs --gpu_memory_mb'),
 ])
-def test_private_aggregation_flags_are_checked(tmp_path, args, message):
+def test_private_aggregation_and_device_flags_are_checked(tmp_path, args, message):
   error = _main([f'--output_dir={tmp_path / "out"}',
                  f'--data_dir={tmp_path / "absent"}', *args])
   assert error is not None and message in error, error
