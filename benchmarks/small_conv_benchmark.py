@@ -16,7 +16,6 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import synthetic
-from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.models import layers
 from fedcg_tff.models import small_conv
@@ -68,12 +67,7 @@ def _gan_epoch_cpu_seconds(repeats=5):
         layers.SpectralNormConv2D.call = keras_sn_call
         layers.SmallConv2DTranspose.call = (
             tf.keras.layers.Conv2DTranspose.call)
-      nets = fedcg_tf.PartyNetworks(config)
-      state = fedcg_tf.initial_client_state(config, 1)
-      epochs[name] = tf.function(
-          lambda nets=nets, state=state: fedcg_tf.train_gan(
-              nets, state.discriminator_optimizer, state.generator_optimizer,
-              dataset, state.seed, 0))
+      epochs[name] = synthetic.gan_epoch(config, dataset)
       epochs[name]()  # Trace.
   finally:
     layers.SpectralNormConv2D.call, layers.SmallConv2DTranspose.call = ours

@@ -12,9 +12,9 @@ Random images stand in for FMNIST: the cost does not depend on pixel values.
 
 import time
 
-import numpy as np
 import tensorflow as tf
 
+from benchmarks import synthetic
 from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
@@ -32,10 +32,7 @@ def _best_of(fn, repeats=3):
 
 def main():
   config = FedCGConfig(local_epochs=1, gan_epochs=1)
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(2000, 32, 32, 1)).astype(np.float32)
-  y = rng.integers(0, 10, 2000).astype(np.int32)
-  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(config.batch_size)
+  dataset = synthetic.client_dataset(config.batch_size)
   nets = fedcg_tf.PartyNetworks(config)
   state = fedcg_tf.initial_client_state(config, 1)
   server = fedcg_tf.initial_server_state(config, ())
@@ -44,9 +41,7 @@ def main():
 
   stage1 = tf.function(lambda: fedcg_tf.train_classification(
       nets, state.classification_optimizer, dataset, gamma, state.seed, 0))
-  stage2 = tf.function(lambda: fedcg_tf.train_gan(
-      nets, state.discriminator_optimizer, state.generator_optimizer,
-      dataset, state.seed, 0))
+  stage2 = synthetic.gan_epoch(config, dataset)
   teacher = tf.function(lambda: fedcg_tf.generated_logits(
       nets.generator, nets.classifier, noise, labels))
   logits = teacher()
