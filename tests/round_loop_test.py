@@ -225,11 +225,19 @@ def test_resume_sets_aside_only_what_is_damaged(tmp_path):
     if rounds_done == 2:
       raise checkpoint.DamagedState('client 0\'s file of round 2')
 
+  # A save cut short (TFF writes into round_<n>_temp<4 digits>, then
+  # renames) is removed; a folder of another name is left alone.
+  for name in ('round_3_temp1234', 'round_3_notes'):
+    os.makedirs(tmp_path / 'ckpt' / name)
+    (tmp_path / 'ckpt' / name / 'saved_model.pb').write_bytes(b'part')
   lines = []
   assert checkpoints.resume(template, client_file_damaged_in_round_2,
                             log=lines.append) == 1
   assert checkpoints.kept_rounds() == [1]
-  assert "client 0's file of round 2" in lines[0]
+  assert 'round_3_temp1234, a save cut short' in lines[0]
+  assert not (tmp_path / 'ckpt' / 'round_3_temp1234').exists()
+  assert (tmp_path / 'ckpt' / 'round_3_notes' / 'saved_model.pb').exists()
+  assert "client 0's file of round 2" in lines[1]
 
 
 def test_an_error_of_the_machine_sets_no_save_aside(tmp_path, monkeypatch):

@@ -17,6 +17,8 @@ the message names it, and the run resumes from the newest intact version.
 
 import asyncio
 import os
+import re
+import shutil
 import zipfile
 from typing import Any, Callable
 
@@ -176,6 +178,10 @@ def _garbled(saved: Any, template: Any) -> bool:
   return differs
 
 
+# TFF's name for a save being written (file_utils.write_saved_model).
+_UNFINISHED_SAVE = re.compile(r'round_\d+_temp\d{4}')
+
+
 class Checkpoints:
   """Round states in `directory`, version = number of completed rounds."""
 
@@ -216,6 +222,7 @@ class Checkpoints:
     left in place; so does a save of another state (`StateMismatch`, the
     message naming it).
     """
+    self._remove_unfinished_saves(log)
     versions = asyncio.run(self._manager.get_versions()) or []
     limit = None  # Saves from this round on need a damaged client state.
     for version in sorted(versions, reverse=True):
@@ -298,6 +305,19 @@ class Checkpoints:
       if other is not None:
         raise StateMismatch(f'{self.path(version)}: {other}') from None
       raise DamagedState(f'{self.path(version)}: {describe_error(e)}') from e
+
+  def _remove_unfinished_saves(self, log: Callable[[str], None]) -> None:
+    """Deletes what a save cut short left: TFF writes a save into
+    `round_<n>_temp<4 digits>` and renames it when complete, so such a
+    directory never holds a whole save (the manager does not list it) and
+    would otherwise stay, as large as a save, for the run's life."""
+    if not os.path.isdir(self.directory):
+      return
+    for name in sorted(os.listdir(self.directory)):
+      if _UNFINISHED_SAVE.fullmatch(name):
+        shutil.rmtree(os.path.join(self.directory, name))
+        log(f'removed {os.path.join(self.directory, name)}, a save cut '
+            'short (TFF renames a save when it is complete)')
 
   def _set_aside(self, version: int) -> str:
     """Renames a damaged save out of the manager's view (`set_aside`)."""
