@@ -189,10 +189,7 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
   return ClientState(
       extractor=nets.initial_weights('extractor', seed),
       classifier=nets.initial_weights('classifier', seed),
-      optimizer=training_tf.initial_optimizer_state(
-          training_tf.classification_optimizer(config),
-          nets.model('extractor').trainable_weights +
-          nets.model('classifier').trainable_weights),
+      optimizer=training_tf.initial_classification_state(config, nets),
       seed=seed,
   )
 
@@ -332,8 +329,7 @@ def server_data_indices(config: FedCGConfig, round_num, num_images):
   (a fresh permutation per pass when the server data is smaller)."""
   num_images = tf.cast(num_images, tf.int32)
   passes = (config.distill_samples + num_images - 1) // num_images
-  seed, round_num = training_tf.draw_key(
-      config, tf.constant(config.seed, tf.int64), round_num)
+  seed, round_num = training_tf.server_draw_key(config, round_num)
   seed = tf.stack([seed, tf.cast(round_num, tf.int64) + (1 << 32)])
   keys = tf.random.stateless_uniform(tf.stack([passes, num_images]), seed)
   order = tf.reshape(tf.argsort(keys, axis=1), [-1])
@@ -342,18 +338,28 @@ def server_data_indices(config: FedCGConfig, round_num, num_images):
 
 def feddf_teacher(nets: PartyNetworks, collected, weights, images):
   """Σ_i w_i C_i(E_i(x)) on `images`, w_i = n_i / Σ n (inference mode)."""
-  w = training_tf.normalized_weights(weights)
   num_classes = nets.config.num_classes
   logits_fn = lambda x: nets.classifier(nets.extractor(x, training=False),
                                         training=False)
-  teacher = tf.zeros([tf.shape(images)[0], num_classes])
-  for i in tf.range(tf.shape(w)[0]):
+
+  def member_logits(i):
     member = training_tf.member(collected, i)
     model_weights.assign(nets.extractor, member['extractor'])
     model_weights.assign(nets.classifier, member['classifier'])
-    teacher += w[i] * training_tf.chunked_logits(logits_fn, (images,),
-                                                 num_classes)
-  return teacher
+    return training_tf.chunked_logits(logits_fn, (images,), num_classes)
+
+  return _weighted_ensemble(training_tf.normalized_weights(weights),
+                            member_logits,
+                            [tf.shape(images)[0], num_classes])
+
+
+def _weighted_ensemble(weights, member_logits, shape):
+  """Σ_i weights[i] · member_logits(i), the clients' networks loaded in
+  turn (FedDF's teacher, FedGen's ensemble)."""
+  total = tf.zeros(shape)
+  for i in tf.range(tf.shape(weights)[0]):
+    total += weights[i] * member_logits(i)
+  return total
 
 
 def diversity_loss(features, noise):
@@ -369,11 +375,12 @@ def diversity_loss(features, noise):
 def ensemble_logits(nets: PartyNetworks, classifiers, weights, features):
   """Σ_i w_i C_i(features): the clients' classifiers loaded in turn into
   `nets.classifier` (differentiable in `features`)."""
-  logits = tf.zeros([tf.shape(features)[0], nets.config.num_classes])
-  for i in tf.range(tf.shape(weights)[0]):
+  def member_logits(i):
     model_weights.assign(nets.classifier, training_tf.member(classifiers, i))
-    logits += weights[i] * nets.classifier(features, training=False)
-  return logits
+    return nets.classifier(features, training=False)
+
+  return _weighted_ensemble(weights, member_logits,
+                            [tf.shape(features)[0], nets.config.num_classes])
 
 
 def train_generator(nets: PartyNetworks, optimizer_state, classifiers, weights,
@@ -390,8 +397,7 @@ def train_generator(nets: PartyNetworks, optimizer_state, classifiers, weights,
       training_tf.server_optimizer(config), nets, variables)
   carry = optimizer.begin(optimizer_state)
   bs = config.batch_size
-  seed, round_num = training_tf.draw_key(
-      config, tf.constant(config.seed, tf.int64), round_num)
+  seed, round_num = training_tf.server_draw_key(config, round_num)
   stream = (training_tf.NOISE_STREAM_FEDGEN_SERVER if config.replay_draws
             else training_tf.NOISE_STREAM_GENERATED)
   ces = tf.TensorArray(tf.float32, size=config.distill_steps)

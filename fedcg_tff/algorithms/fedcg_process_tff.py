@@ -17,7 +17,10 @@ aggregation (`tests/fedcg_process_tff_test.py` checks the type signatures).
 
 Since the teacher `softmax(sum_i w_i C_i(G_i(z, y)))` is a weighted mean of
 per-client logits on server-chosen (z, y), it is computed by the clients and
-aggregated like the weights: the server never holds one client's generator.
+aggregated like the weights: the server needs no client's generator for it
+beyond the mean it already receives. (Each G_i is still an upload: with the
+default plain mean the server can read it; only `--aggregation=secure`
+keeps a single client's G_i from the server.)
 """
 
 from typing import Optional

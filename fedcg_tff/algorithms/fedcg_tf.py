@@ -1,7 +1,8 @@
 """FedCG's model math and training loops in plain TensorFlow.
 
 Nothing here knows about TFF: every function takes Keras models and tensors
-and can be run eagerly in a test. `fedcg_tff.py` places and wires them.
+and can be run eagerly in a test. `fedcg_process_tff.py` places and wires
+them.
 
 The shared pieces (networks, optimizers, the supervised loop, distillation,
 evaluation) live in `training_tf.py`; this module holds what only FedCG does:
@@ -125,14 +126,13 @@ def initial_client_state(config: FedCGConfig, seed) -> ClientState:
   nets = training_tf.InitialNetworks(config)
   seed = tf.cast(seed, tf.int64)
   trainable = lambda name: nets.model(name).trainable_weights
-  ec = trainable('extractor') + trainable('classifier')
   init = training_tf.initial_optimizer_state
   return ClientState(
       extractor=nets.initial_weights('extractor', seed),
       classifier=nets.initial_weights('classifier', seed),
       discriminator=nets.initial_weights('discriminator', seed),
-      classification_optimizer=init(
-          training_tf.classification_optimizer(config), ec),
+      classification_optimizer=training_tf.initial_classification_state(
+          config, nets),
       discriminator_optimizer=init(
           training_tf.gan_optimizer(config),
           trainable('discriminator')),
@@ -261,7 +261,7 @@ def train_gan(nets: PartyNetworks, d_optimizer_state, g_optimizer_state, dataset
       d_sum += d_loss
       g_sum += g_loss
       steps += 1
-  mean = lambda s: s / tf.maximum(tf.cast(steps, tf.float32), 1.0)
+  mean = lambda total: training_tf.mean_over_steps(total, steps)
   return (d_optimizer.end(d_carry), g_optimizer.end(g_carry), mean(d_sum),
           mean(g_sum))
 
@@ -367,9 +367,8 @@ def upload_example(config: FedCGConfig) -> ClientUpload:
 
 def distillation_inputs(config: FedCGConfig, round_num):
   """The server's (z, y) for one round's distillation, keyed by round."""
-  seed = tf.stack(
-      [tf.cast(k, tf.int64) for k in training_tf.draw_key(
-          config, tf.constant(config.seed, tf.int64), round_num)])
+  seed = tf.stack([tf.cast(k, tf.int64) for k in
+                   training_tf.server_draw_key(config, round_num)])
   noise = tf.random.stateless_normal(
       [config.distill_samples, config.noise_dim], seed)
   labels = tf.random.stateless_uniform(

@@ -224,6 +224,20 @@ def server_optimizer(config: FedCGConfig):
                          config.adam_epsilon)
 
 
+def initial_classification_state(config: FedCGConfig, nets) -> Any:
+  """The client optimizer's initial state over E's and C's weights
+  (`nets`: networks with `model(name)`, as `InitialNetworks`)."""
+  return initial_optimizer_state(
+      classification_optimizer(config),
+      nets.model('extractor').trainable_weights +
+      nets.model('classifier').trainable_weights)
+
+
+def mean_over_steps(total, steps):
+  """A loop's summed loss over its steps (0 for a loop of no step)."""
+  return total / tf.maximum(tf.cast(steps, tf.float32), 1.0)
+
+
 def initial_optimizer_state(optimizer, variables):
   """`optimizer.initialize` for `variables`, with every leaf a tensor (so the
   state keeps one structure and dtype as an AutoGraph loop variable)."""
@@ -390,6 +404,11 @@ def draw_key(config, seed, round_num):
   return seed, round_num
 
 
+def server_draw_key(config, round_num):
+  """`draw_key` of the server, whose seed is the run's."""
+  return draw_key(config, tf.constant(config.seed, tf.int64), round_num)
+
+
 @graph_code.plain
 def noise(seed, stream, round_num, step, shape):
   """Stateless N(0, 1) noise keyed by (client seed, stream, round, step)."""
@@ -424,7 +443,11 @@ def cross_entropy(labels, logits):
 
 @graph_code.plain
 def kl_divergence(teacher_logits, student_logits):
-  """KL(softmax(teacher) || softmax(student)), mean over the batch."""
+  """KL(softmax(teacher) || softmax(student)), mean over the batch.
+
+  From logits by log-softmax, not `tf.keras.losses.KLDivergence`: that
+  takes probabilities and clips them at 1e-7, which changes the values
+  (and the gradient) for confident teachers."""
   p = tf.nn.softmax(teacher_logits)
   return tf.reduce_mean(tf.reduce_sum(
       p * (tf.nn.log_softmax(teacher_logits) -
@@ -479,8 +502,8 @@ def train_classifier(nets: PartyNetworks, optimizer_state, dataset, epochs: int,
       cls_sum += cls_loss
       extra_sum += extra
       steps += 1
-  mean = lambda s: s / tf.maximum(tf.cast(steps, tf.float32), 1.0)
-  return optimizer.end(carry), mean(cls_sum), mean(extra_sum)
+  return (optimizer.end(carry), mean_over_steps(cls_sum, steps),
+          mean_over_steps(extra_sum, steps))
 
 
 # PASS_ORDER_NOTE: every pass over a client dataset must be ordered after the
