@@ -14,7 +14,9 @@ from fedcg_tff.program import round_loop
 
 
 def client_seeds(config: FedCGConfig, num_clients: int) -> list[int]:
-  """Each client's private seed, derived from the run's seed."""
+  """Each client's private seed, derived from the run's seed. With 1000
+  clients or more, consecutive run seeds share some (README, "Client
+  seeds"); kept, as every run made so far depends on it."""
   return [config.seed * 1000 + i + 1 for i in range(num_clients)]
 
 
