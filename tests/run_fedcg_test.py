@@ -288,8 +288,7 @@ def _fake_idx(tmp_path):
 
 def _gone(pids):
   """Whether none of `pids` is a live process any more."""
-  return not [p for p in pids if psutil.pid_exists(p) and
-              psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+  return not any(binary_runs.alive(p) for p in pids)
 
 
 @pytest.fixture(scope='module')

@@ -6,6 +6,7 @@ worker survived, it would hold the pipe open and `communicate` would time out
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -155,16 +156,28 @@ if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
 
 
-def test_stopping_a_worker_pid_spares_other_processes():
+def test_stopping_a_worker_pid_spares_other_processes(tmp_path):
   """TFF stops a worker by pid, maybe one reaped long ago and reused: only a
-  worker this process started is signalled."""
+  worker this process started is signalled, not a child of ours that is
+  no worker, nor a worker of another process (here a grandchild)."""
+  fake_worker = tmp_path / runtime.WORKER_NAME  # `sleep` by a worker's name.
+  fake_worker.symlink_to(shutil.which('sleep'))
   other = subprocess.Popen(['sleep', '30'])
+  shell = subprocess.Popen(['sh', '-c', f'{fake_worker} 30 & wait'])
+  ours = subprocess.Popen([str(fake_worker), '30'])
   try:
-    runtime.stop_worker_pid(other.pid, signal.SIGKILL)
-    assert binary_runs.alive(other.pid)
+    deadline = time.time() + 10
+    while not psutil.Process(shell.pid).children() and time.time() < deadline:
+      time.sleep(0.05)
+    grandchild, = psutil.Process(shell.pid).children()
+    for pid in (other.pid, grandchild.pid, ours.pid):
+      runtime.stop_worker_pid(pid, signal.SIGKILL)
+    assert binary_runs.alive(other.pid) and grandchild.is_running()
+    assert ours.wait(timeout=10) == -signal.SIGKILL
   finally:
-    other.kill()
-    other.wait()
+    for proc in (other, shell, ours):
+      binary_runs.kill_tree(proc)
+      proc.wait()
 
 
 def test_workers_start_without_setpriv_when_it_fails(monkeypatch):
@@ -177,4 +190,9 @@ def test_workers_start_without_setpriv_when_it_fails(monkeypatch):
   finally:
     monkeypatch.undo()
     runtime._setpriv_works.cache_clear()  # pylint: disable=protected-access
-  assert runtime._worker_command(['w'])[1:4] == ['--pdeathsig', 'KILL', '--']  # pylint: disable=protected-access
+  # Where setpriv works (as here), workers get the parent-death signal.
+  command = runtime._worker_command(['w'])  # pylint: disable=protected-access
+  if runtime._setpriv_works():  # pylint: disable=protected-access
+    assert command[1:] == ['--pdeathsig', 'KILL', '--', 'w']
+  else:
+    assert command == ['w']

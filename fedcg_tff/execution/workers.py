@@ -119,14 +119,19 @@ class _ContextThread:
     self._thread.start()
 
   def _serve(self):
-    while (call := self._calls.get()) is not None:
+    while True:
+      call = self._calls.get()
+      if call is None:
+        return
       fn, future = call
-      if not future.set_running_or_notify_cancel():
-        continue
-      try:
-        future.set_result(fn(self.context))
-      except BaseException as e:  # pylint: disable=broad-except
-        future.set_exception(e)
+      if future.set_running_or_notify_cancel():
+        try:
+          future.set_result(fn(self.context))
+        except BaseException as e:  # pylint: disable=broad-except
+          future.set_exception(e)
+      # While the thread waits, it holds nothing of a round: the call's
+      # arguments are every client state and dataset of it.
+      del call, fn, future
 
   def submit(self, fn) -> concurrent.futures.Future:
     """`fn(context)` on this thread."""

@@ -267,6 +267,8 @@ class Checkpoints:
       saved = tf.nest.map_structure(
           lambda v: v.read_value() if isinstance(v, tf.Variable) else v,
           saved)
+    except NOT_DAMAGE:
+      raise
     except READ_ERRORS:
       return None
     paths = lambda s: ', '.join(

@@ -122,6 +122,8 @@ def _intact_zip(path: str) -> bool:
   try:
     with zipfile.ZipFile(path) as z:
       return z.testzip() is None
+  except checkpoint.NOT_DAMAGE:
+    raise
   except checkpoint.READ_ERRORS:
     return False
 
