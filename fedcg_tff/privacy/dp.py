@@ -32,8 +32,8 @@ The unit of privacy is one client's whole record (client-level, add/remove
 adjacency, as TFF's DP aggregators account it), with no amplification by
 sampling: every client is charged for every round, as if it took part in
 each. With `--clients_per_round` a client takes part in fewer rounds than
-it is charged for, so the epsilon reported is then an upper bound. As the mean divides by
-the fixed n, removing a client is strictly its record replaced by zeros
+it is charged for, so the epsilon reported is then an upper bound. As
+the mean divides by the fixed n, removing a client is strictly its record replaced by zeros
 (zero-out adjacency: sensitivity clip). Replacing one client's record by
 another's has sensitivity 2 x clip (half the noise multiplier), which
 `epsilon` does not cover. With the paper's sigmas

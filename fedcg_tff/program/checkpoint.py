@@ -227,7 +227,7 @@ class Checkpoints:
     limit = None  # Saves from this round on need a damaged client state.
     for version in sorted(versions, reverse=True):
       if limit is not None and version >= limit:
-        aside = self._set_aside(version)
+        aside = set_aside(self.path(version))
         log(f'the saved state of round {version} needs a client state of '
             f'round {limit}, which is damaged; set aside as {aside}')
         continue
@@ -243,7 +243,7 @@ class Checkpoints:
           error = e
         except StateMismatch as e:
           raise StateMismatch(f'{self.path(version)}: {e}') from None
-      aside = self._set_aside(version)
+      aside = set_aside(self.path(version))
       if isinstance(error, DamagedState) and error.rounds_done is not None:
         limit = min(error.rounds_done, version if limit is None else limit)
       older = [v for v in versions if v < version]
@@ -320,7 +320,3 @@ class Checkpoints:
         shutil.rmtree(os.path.join(self.directory, name))
         log(f'removed {os.path.join(self.directory, name)}, a save cut '
             'short (TFF renames a save when it is complete)')
-
-  def _set_aside(self, version: int) -> str:
-    """Renames a damaged save out of the manager's view (`set_aside`)."""
-    return set_aside(self.path(version))
