@@ -8,7 +8,7 @@ A full-protocol round runs two clients at once, one thread each
 (`execution/runtime.py`). On the Intel Xeon host, before the clients'
 datasets ran without tf.data's autotuning, one client's GAN epoch took
 about 4 s alone and about 7 s in the round; this benchmark showed the
-extra time to be idling, not sharing (README, "Speed and scale"). Each
+extra time to be idling, not sharing (docs/speed.md). Each
 workload is timed alone, then as two processes at once (unpinned, as a
 round's threads are), both released together after their warm-up:
 - `compute`: a 128x128 matrix product repeated, in L2; slows down only if
