@@ -130,6 +130,11 @@ def define_worker_flags() -> None:
                     'host:port of TFF workers started with binaries/run_worker '
                     '(on this or other machines) to spread the clients over, '
                     'instead of local ones.')
+  flags.DEFINE_float('lost_worker_timeout', 0.0,
+                     'Seconds a --worker_addresses worker may stay silent '
+                     'in the middle of a round before the run stops (it '
+                     'resumes when rerun); 0: wait until a worker answers '
+                     'there again, which continues the round.')
   define_concurrency_flag()
 
 
@@ -138,6 +143,13 @@ def check_worker_flags() -> None:
   if FLAGS.worker_addresses and FLAGS.workers != 1:
     raise app.UsageError('--workers starts local workers; with '
                          '--worker_addresses the workers are given: use one')
+  if FLAGS.lost_worker_timeout < 0:
+    raise app.UsageError(
+        f'--lost_worker_timeout must be >= 0, got {FLAGS.lost_worker_timeout}')
+  if FLAGS.lost_worker_timeout and not FLAGS.worker_addresses:
+    raise app.UsageError(
+        '--lost_worker_timeout applies to --worker_addresses workers (TFF '
+        'replaces a local worker that dies by itself)')
   for address in FLAGS.worker_addresses:
     host, _, port = address.rpartition(':')
     if not host or not port.isdigit():
@@ -155,7 +167,9 @@ def worker_pool():
   if not FLAGS.worker_addresses:
     return workers.Workers.local(FLAGS.workers, FLAGS.max_concurrent_clients)
   try:
-    return workers.Workers.remote(FLAGS.worker_addresses)
+    return workers.Workers.remote(
+        FLAGS.worker_addresses, FLAGS.lost_worker_timeout,
+        log=lambda line: print(line, flush=True))
   except ConnectionError as e:
     raise app.UsageError(f'--worker_addresses: {e}') from None
 

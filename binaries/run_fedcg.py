@@ -540,6 +540,7 @@ def _run(config, task, sampling, pool, resuming):
   """Trains (or resumes) the run in --output_dir, then writes and prints
   its results; `main` holds the directory's lock meanwhile."""
   from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.execution import workers  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import client_store  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import round_loop  # pylint: disable=g-import-not-at-top
@@ -593,6 +594,12 @@ def _run(config, task, sampling, pool, resuming):
     sys.exit(f'Numerical fault: {e}. The run stopped; rounds 1-{good} are '
              f'saved in {checkpoints.directory}, and rerunning the same '
              f'command resumes after round {good}.')
+  except workers.WorkerLost as e:
+    good = checkpoints.latest_round()
+    sys.exit(f'Worker lost: {e}. The run stopped; rounds 1-{good} are '
+             f'saved in {checkpoints.directory}: start a worker there '
+             f'(binaries/run_worker.py) and rerun the same command, which '
+             f'resumes after round {good}.')
 
   from fedcg_tff.execution import devices  # pylint: disable=g-import-not-at-top
   tracker = result.tracker

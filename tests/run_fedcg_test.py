@@ -69,6 +69,10 @@ _main = binary_runs.run_fedcg_in_process
     ('--workers=0', '--workers must be >= 1, got 0'),
     ('--worker_addresses=nohost', "--worker_addresses: 'nohost' is not "
      'host:port'),
+    ('--worker_addresses=localhost:1 --lost_worker_timeout=-5',
+     '--lost_worker_timeout must be >= 0, got -5'),
+    ('--lost_worker_timeout=60', '--lost_worker_timeout applies to '
+     '--worker_addresses workers'),
     ('--device=gpu', '--device=gpu: TensorFlow sees no GPU'),
 ])
 def test_invalid_flag_fails_at_start_naming_it(tmp_path, flag, message):

@@ -6,11 +6,14 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 import tree
 
 from fedcg_tff.execution import round_runner
@@ -184,6 +187,125 @@ def test_unreachable_address_is_named(monkeypatch):
   address = f'localhost:{_free_port()}'
   with pytest.raises(ConnectionError, match=address):
     workers.remote_context(address)
+
+
+COUNT_TO = 300_000  # About a second of a scalar loop in a worker.
+
+
+@pytest.fixture(scope='module')
+def counting():
+  """Each client counts to its number, in a scalar loop (seconds)."""
+
+  @tff.tensorflow.computation(np.int32)
+  def count(n):
+    return tf.while_loop(lambda i: i < n, lambda i: (i + 1,), (0,))[0]
+
+  @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+  def each(ns):
+    return tff.federated_map(count, ns)
+
+  return each
+
+
+def _serve(port):
+  """A bare TFF worker serving at `port` (a remote worker, without
+  run_worker's interpreter start)."""
+  return runtime.WorkerPopen([
+      os.path.join(os.path.dirname(tff.__file__), 'data', 'worker_binary'),
+      f'--port={port}', '--max_concurrent_computation_calls=2'])
+
+
+def _kill_when_computing(pid):
+  """SIGKILLs process `pid`, from another thread, once it has used 0.2 CPU
+  seconds more than now: it is in the middle of a call."""
+  process = psutil.Process(pid)
+  start = _cpu(process)
+
+  def kill():
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+      if _cpu(process) - start > 0.2:
+        process.kill()
+        return
+      time.sleep(0.02)
+
+  thread = threading.Thread(target=kill, daemon=True)
+  thread.start()
+  return thread
+
+
+def _cpu(process):
+  try:
+    return sum(process.cpu_times()[:2])
+  except psutil.NoSuchProcess:
+    return 0.0
+
+
+def test_remote_worker_lost_mid_round_is_said_and_named_then_rejoins(
+    counting, monkeypatch):
+  """A remote worker killed in the middle of a call: the pool says so,
+  gives up after lost_worker_timeout naming the address, and once a worker
+  serves there again the next call gives the right results and the pool
+  says the worker answers again."""
+  monkeypatch.setattr(workers, 'PROBE_SECONDS', 0.2)
+  monkeypatch.setattr(workers, 'PROBE_TIMEOUT_SECONDS', 1.5)
+  monkeypatch.setattr(workers, 'CLOSE_TIMEOUT_SECONDS', 0.5)
+  port = _free_port()
+  address = f'localhost:{port}'
+  first = _serve(port)
+  second = None
+  rescued = []
+  lines = []
+  try:
+    pool = workers.Workers.remote([address], lost_worker_timeout=1.0,
+                                  log=lines.append)
+    assert pool.map_clients(counting, (), ([5, 7],)) == [5, 7]
+    killer = _kill_when_computing(first.pid)
+    # Should the pool never give up, a worker started after 60 s ends the
+    # call: the test then fails instead of hanging.
+    rescue = threading.Timer(60, lambda: rescued.append(_serve(port)))
+    rescue.start()
+    with pytest.raises(workers.WorkerLost, match=address):
+      pool.map_clients(counting, (), ([COUNT_TO, COUNT_TO + 1],))
+    rescue.cancel()
+    killer.join()
+    assert len(lines) == 1, lines
+    assert f'the TFF worker at {address} does not answer' in lines[0]
+    assert f'--port={port}' in lines[0]
+    assert 'gives up after 1 s' in lines[0]
+    second = _serve(port)
+    assert pool.map_clients(counting, (), ([COUNT_TO + 2, 3],)) == [
+        COUNT_TO + 2, 3]
+    assert len(lines) == 2, lines
+    assert f'the TFF worker at {address} answers again after' in lines[1]
+    pool.close()
+  finally:
+    for process in (first, second, *rescued):
+      if process is not None and process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_local_worker_killed_mid_call_is_replaced_with_the_same_results(
+    counting, capfd):
+  """TFF replaces a local worker that dies in the middle of a call and
+  runs the call again; runtime says which worker died and how."""
+  before = {p.pid for p in runtime.worker_processes()}
+  pool = workers.Workers.local(1)
+  try:
+    assert pool.map_clients(counting, (), ([5],)) == [5]
+    ours = [p for p in runtime.worker_processes() if p.pid not in before]
+    assert len(ours) == 1, ours
+    capfd.readouterr()
+    killer = _kill_when_computing(ours[0].pid)
+    assert pool.map_clients(counting, (), ([COUNT_TO],)) == [COUNT_TO]
+    killer.join()
+    assert not binary_runs.alive(ours[0].pid)
+    err = capfd.readouterr().err
+    assert (f'the local TFF worker (pid {ours[0].pid}) was killed by '
+            'SIGKILL') in err, err
+  finally:
+    pool.close()
 
 
 _SLOW_SHARDS = textwrap.dedent('''

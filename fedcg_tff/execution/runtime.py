@@ -173,6 +173,14 @@ def stop_worker_pid(pid: int, sig: int,
     process = psutil.Process(pid)
     if process.ppid() != os.getpid() or not _is_worker(process):
       return
+    if process.status() == psutil.STATUS_ZOMBIE:
+      # Dead before TFF stopped it: TFF is replacing a worker it found
+      # unresponsive, and retries the call that worker was running.
+      print(f'the local TFF worker (pid {pid}) {_how_it_ended(pid)}; TFF '
+            'starts a new one, and the call it was running runs again from '
+            'its start (same results, more time)', file=sys.stderr,
+            flush=True)
+      return
     os.kill(pid, sig)
     deadline = time.monotonic() + timeout
     while process.status() != psutil.STATUS_ZOMBIE:
@@ -182,6 +190,24 @@ def stop_worker_pid(pid: int, sig: int,
       time.sleep(0.05)
   except (ProcessLookupError, psutil.NoSuchProcess):
     pass
+
+
+def _how_it_ended(pid: int) -> str:
+  """How a child that is a zombie ended, from the wait status the kernel
+  keeps for it (the last field of /proc/<pid>/stat, Linux 3.5 on), read
+  without reaping it: TFF's `wait` does that."""
+  try:
+    with open(f'/proc/{pid}/stat', encoding='ascii') as f:
+      status = int(f.read().rsplit(None, 1)[-1])
+    if status & 0x7f:
+      number = status & 0x7f
+      name = signal.Signals(number).name
+      cause = (" (as the kernel's out-of-memory killer does)"
+               if number == signal.SIGKILL else '')
+      return f'was killed by {name}{cause}'
+    return f'exited with status {status >> 8}'
+  except (OSError, ValueError):
+    return 'ended'
 
 
 def _exit_on_signal(signum, frame):

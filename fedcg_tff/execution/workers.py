@@ -18,6 +18,16 @@ gives bit-for-bit what `next` gives.
 Workers are TFF's C++ `worker_binary`: local ones are started (and, through
 `execution.runtime`, stopped) by this process; remote ones are reached by
 address (`binaries/run_worker.py` starts one on another machine).
+
+A worker that dies in the middle of a call costs time, not results: TFF
+retries the call (with backoff up to 30 s between tries) until a worker
+answers, and the call runs again from its start on the same inputs. A
+local worker is restarted by TFF itself (`execution.runtime` says so); a
+remote one must be restarted at its address by whoever runs it, and until
+then TFF retries without end. So while a round waits for remote workers,
+`Workers` checks that each still answers, says when one stops answering
+and when it answers again, and with `lost_worker_timeout` gives up on one
+silent for that long (`WorkerLost`).
 """
 
 import concurrent.futures
@@ -25,7 +35,8 @@ import functools
 import gc
 import queue
 import threading
-from typing import Sequence
+import time
+from typing import Callable, Sequence
 
 import grpc
 import numpy as np
@@ -42,6 +53,32 @@ from tensorflow_federated.python.core.impl.executors import remote_executor_grpc
 from fedcg_tff.execution import runtime
 
 CONNECT_TIMEOUT_SECONDS = 20.0
+# How often a round that waits for remote workers checks that they answer,
+# and how long one check waits for an answer.
+PROBE_SECONDS = 10.0
+PROBE_TIMEOUT_SECONDS = 5.0
+# How long `Workers.close` waits for a context's thread; one still retrying
+# a call to a lost remote worker is a daemon and is left to the exit.
+CLOSE_TIMEOUT_SECONDS = 10.0
+
+
+class WorkerLost(ConnectionError):
+  """A remote worker did not answer for `lost_worker_timeout` seconds in
+  the middle of a round."""
+
+
+def answers(address: str, timeout: float) -> bool:
+  """Whether a gRPC server (a TFF worker, for our addresses) completes a
+  connection at `address` within `timeout` seconds; on a new channel, so
+  that the check shares nothing with TFF's."""
+  channel = grpc.insecure_channel(address)
+  try:
+    grpc.channel_ready_future(channel).result(timeout=timeout)
+    return True
+  except grpc.FutureTimeoutError:
+    return False
+  finally:
+    channel.close()
 
 
 def local_contexts(count: int,
@@ -66,16 +103,13 @@ def remote_context(address: str):
   Raises ConnectionError naming the address if no worker answers there
   within CONNECT_TIMEOUT_SECONDS (TFF itself would retry forever).
   """
-  channel = grpc.insecure_channel(
-      address, executor_factory._GRPC_CHANNEL_OPTIONS)  # pylint: disable=protected-access
-  try:
-    grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT_SECONDS)
-  except grpc.FutureTimeoutError:
-    channel.close()
+  if not answers(address, CONNECT_TIMEOUT_SECONDS):
     raise ConnectionError(
         f'no TFF worker answered at {address!r} within '
         f'{CONNECT_TIMEOUT_SECONDS:.0f}s (start one there with '
-        f'binaries/run_worker.py)') from None
+        f'binaries/run_worker.py)')
+  channel = grpc.insecure_channel(
+      address, executor_factory._GRPC_CHANNEL_OPTIONS)  # pylint: disable=protected-access
   stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(channel)
 
   def stack_fn(cardinalities):
@@ -140,9 +174,11 @@ class _ContextThread:
     return future
 
   def close(self) -> None:
-    """Ends the thread after the calls submitted before."""
+    """Ends the thread after the calls submitted before, waiting at most
+    CLOSE_TIMEOUT_SECONDS (a call TFF retries for a lost remote worker
+    may never end)."""
     self._calls.put(None)
-    self._thread.join()
+    self._thread.join(CLOSE_TIMEOUT_SECONDS)
 
 
 class Workers:
@@ -151,10 +187,28 @@ class Workers:
   `_ContextThread`: TFF's context stack is thread-local, so each thread
   installs its worker's context)."""
 
-  def __init__(self, contexts: Sequence):
+  def __init__(self, contexts: Sequence,
+               addresses: Sequence[str | None] | None = None,
+               lost_worker_timeout: float = 0.0,
+               log: Callable[[str], None] = print):
+    """`addresses[i]`: the address of remote context i (None: a local one),
+    checked while a round waits for it; `lost_worker_timeout`: seconds a
+    remote worker may stay silent in a round before `WorkerLost` (0: no
+    limit); `log`: where the checks report."""
     if not contexts:
       raise ValueError('Workers needs at least one execution context')
+    if lost_worker_timeout < 0:
+      raise ValueError(f'lost_worker_timeout must be >= 0, got '
+                       f'{lost_worker_timeout}')
     self.contexts = list(contexts)
+    self.addresses = list(addresses or [None] * len(self.contexts))
+    if len(self.addresses) != len(self.contexts):
+      raise ValueError('one address (or None) per context')
+    self.lost_worker_timeout = lost_worker_timeout
+    self._log = log
+    # When each silent remote worker was first found silent; kept across
+    # calls, so that a call after `WorkerLost` says when it answers again.
+    self._silent_since = {}
     self._threads = [_ContextThread(c) for c in self.contexts]
 
   @classmethod
@@ -163,8 +217,10 @@ class Workers:
     return cls(local_contexts(count, max_concurrent_computation_calls))
 
   @classmethod
-  def remote(cls, addresses: Sequence[str]):
-    return cls([remote_context(a) for a in addresses])
+  def remote(cls, addresses: Sequence[str], lost_worker_timeout: float = 0.0,
+             log: Callable[[str], None] = print):
+    return cls([remote_context(a) for a in addresses], addresses,
+               lost_worker_timeout, log)
 
   def __len__(self) -> int:
     return len(self.contexts)
@@ -201,7 +257,42 @@ class Workers:
     futures = [thread.submit(functools.partial(run, shard=shard))
                for thread, shard in zip(
                    self._threads, shards(num_clients, len(self.contexts)))]
+    self._wait(futures)
     joined = []
     for future in futures:
       joined.extend(future.result())
     return joined
+
+  def _wait(self, futures) -> None:
+    """Waits for the shards; every PROBE_SECONDS, checks that the remote
+    workers still computing one answer (see the module's docstring)."""
+    watched = [(f, a) for f, a in zip(futures, self.addresses) if a]
+    silent_since = self._silent_since
+    while concurrent.futures.wait(futures, timeout=PROBE_SECONDS).not_done:
+      for future, address in watched:
+        if future.done():
+          continue
+        now = time.monotonic()
+        if answers(address, PROBE_TIMEOUT_SECONDS):
+          if address in silent_since:
+            self._log(f'the TFF worker at {address} answers again after '
+                      f'{now - silent_since.pop(address):.0f} s; a worker '
+                      f'restarted there runs its clients of this round '
+                      f'again from their start (same results)')
+        elif address not in silent_since:
+          silent_since[address] = now
+          port = address.rpartition(':')[2]
+          limit = (f'; the run gives up after {self.lost_worker_timeout:g} '
+                   f's (--lost_worker_timeout)'
+                   if self.lost_worker_timeout else '')
+          self._log(f'the TFF worker at {address} does not answer; TFF '
+                    f'retries its clients of this round until a worker '
+                    f'serves there again (binaries/run_worker.py '
+                    f'--port={port} on that machine), with the same '
+                    f'results{limit}')
+        elif (self.lost_worker_timeout and
+              now - silent_since[address] >= self.lost_worker_timeout):
+          raise WorkerLost(
+              f'the TFF worker at {address} did not answer for '
+              f'{now - silent_since[address]:.0f} s in the middle of a '
+              f'round (--lost_worker_timeout={self.lost_worker_timeout:g})')
