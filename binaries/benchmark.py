@@ -35,6 +35,7 @@ Zen 4's AVX-512 on 256-bit pipes: 32), read from /proc/cpuinfo.
 
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -123,6 +124,7 @@ def main(argv):
 
   from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
   from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.execution import workers  # pylint: disable=g-import-not-at-top
   from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
 
   runtime.set_local_cpp_context(FLAGS.max_concurrent_clients)
@@ -154,8 +156,12 @@ def main(argv):
 
   rows = []
   for round_num in range(FLAGS.warmup_rounds + FLAGS.rounds):
-    driver.run_round(round_num,
-                     list(task.train_datasets(round_num, config.batch_size)))
+    try:
+      driver.run_round(round_num,
+                       list(task.train_datasets(round_num, config.batch_size)))
+    except workers.WorkerLost as e:
+      sys.exit(f'Worker lost: {e}; the benchmark stopped in round '
+               f'{round_num} and wrote nothing.')
     eval_start = time.perf_counter()
     driver.evaluate(val, test)
     evaluation = time.perf_counter() - eval_start

@@ -143,9 +143,7 @@ def check_worker_flags() -> None:
   if FLAGS.worker_addresses and FLAGS.workers != 1:
     raise app.UsageError('--workers starts local workers; with '
                          '--worker_addresses the workers are given: use one')
-  if FLAGS.lost_worker_timeout < 0:
-    raise app.UsageError(
-        f'--lost_worker_timeout must be >= 0, got {FLAGS.lost_worker_timeout}')
+  finite('lost_worker_timeout')
   if FLAGS.lost_worker_timeout and not FLAGS.worker_addresses:
     raise app.UsageError(
         '--lost_worker_timeout applies to --worker_addresses workers (TFF '

@@ -536,6 +536,16 @@ def main(argv):
     _run(config, task, sampling, pool, resuming)
 
 
+def _saved(checkpoints) -> str:
+  """What a run that stopped on a fault has saved, and what rerunning does."""
+  good = checkpoints.latest_round()
+  if not good:
+    return ('no round was saved yet, and rerunning the same command starts '
+            'the run again')
+  return (f'rounds 1-{good} are saved in {checkpoints.directory}, and '
+          f'rerunning the same command resumes after round {good}')
+
+
 def _run(config, task, sampling, pool, resuming):
   """Trains (or resumes) the run in --output_dir, then writes and prints
   its results; `main` holds the directory's lock meanwhile."""
@@ -590,16 +600,11 @@ def _run(config, task, sampling, pool, resuming):
     sys.exit(f'Cannot resume: {e}. Restore the client_states files, or '
              'start in a new --output_dir; no client file was deleted.')
   except round_loop.NumericalFault as e:
-    good = checkpoints.latest_round()
-    sys.exit(f'Numerical fault: {e}. The run stopped; rounds 1-{good} are '
-             f'saved in {checkpoints.directory}, and rerunning the same '
-             f'command resumes after round {good}.')
+    sys.exit(f'Numerical fault: {e}. The run stopped; '
+             f'{_saved(checkpoints)}.')
   except workers.WorkerLost as e:
-    good = checkpoints.latest_round()
-    sys.exit(f'Worker lost: {e}. The run stopped; rounds 1-{good} are '
-             f'saved in {checkpoints.directory}: start a worker there '
-             f'(binaries/run_worker.py) and rerun the same command, which '
-             f'resumes after round {good}.')
+    sys.exit(f'Worker lost: {e}. The run stopped; {_saved(checkpoints)}, '
+             f'once a worker serves there again (binaries/run_worker.py).')
 
   from fedcg_tff.execution import devices  # pylint: disable=g-import-not-at-top
   tracker = result.tracker

@@ -188,8 +188,8 @@ def without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:
   thread each. With autotuning on, on the Intel Xeon host, one GAN epoch
   alone on one CPU took 5.11 or 10.23 s of wall time for 4.6-6.4 s of CPU
   (with it off: wall = CPU), and a benchmark round of 2 + 2 epochs took
-  41.2 and 40.7 s against 28.2 and 31.0 s with it off (README, "Speed and
-  scale"). The 5.11 s step matches the period of tf.data's autotuning
+  41.2 and 40.7 s against 28.2 and 31.0 s with it off (docs/speed.md).
+  The 5.11 s step matches the period of tf.data's autotuning
   thread after nine doublings from 10 ms, which an epoch's end appears to
   wait for: our reading, not traced. The maps' AUTOTUNE parallelism then
   falls back to a fixed one.

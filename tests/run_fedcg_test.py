@@ -70,7 +70,9 @@ _main = binary_runs.run_fedcg_in_process
     ('--worker_addresses=nohost', "--worker_addresses: 'nohost' is not "
      'host:port'),
     ('--worker_addresses=localhost:1 --lost_worker_timeout=-5',
-     '--lost_worker_timeout must be >= 0, got -5'),
+     '--lost_worker_timeout must be finite and >= 0, got -5'),
+    ('--worker_addresses=localhost:1 --lost_worker_timeout=nan',
+     '--lost_worker_timeout must be finite and >= 0, got nan'),
     ('--lost_worker_timeout=60', '--lost_worker_timeout applies to '
      '--worker_addresses workers'),
     ('--device=gpu', '--device=gpu: TensorFlow sees no GPU'),

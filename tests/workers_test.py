@@ -1,5 +1,6 @@
 """Clients spread over several TFF workers: same round, bit for bit."""
 
+import concurrent.futures
 import os
 import signal
 import socket
@@ -207,10 +208,12 @@ def counting():
   return each
 
 
-def _serve(port):
+def _serve(port, popen=runtime.WorkerPopen):
   """A bare TFF worker serving at `port` (a remote worker, without
-  run_worker's interpreter start)."""
-  return runtime.WorkerPopen([
+  run_worker's interpreter start). `WorkerPopen` gives it the parent-death
+  signal of the calling thread: started from a thread that ends, use
+  `subprocess.Popen`."""
+  return popen([
       os.path.join(os.path.dirname(tff.__file__), 'data', 'worker_binary'),
       f'--port={port}', '--max_concurrent_computation_calls=2'])
 
@@ -256,34 +259,72 @@ def test_remote_worker_lost_mid_round_is_said_and_named_then_rejoins(
   second = None
   rescued = []
   lines = []
+  pool = workers.Workers.remote([address], lost_worker_timeout=1.0,
+                                log=lines.append)
   try:
-    pool = workers.Workers.remote([address], lost_worker_timeout=1.0,
-                                  log=lines.append)
     assert pool.map_clients(counting, (), ([5, 7],)) == [5, 7]
     killer = _kill_when_computing(first.pid)
     # Should the pool never give up, a worker started after 60 s ends the
     # call: the test then fails instead of hanging.
-    rescue = threading.Timer(60, lambda: rescued.append(_serve(port)))
+    rescue = threading.Timer(
+        60, lambda: rescued.append(_serve(port, subprocess.Popen)))
     rescue.start()
     with pytest.raises(workers.WorkerLost, match=address):
       pool.map_clients(counting, (), ([COUNT_TO, COUNT_TO + 1],))
     rescue.cancel()
     killer.join()
     assert len(lines) == 1, lines
-    assert f'the TFF worker at {address} does not answer' in lines[0]
+    assert f'the TFF worker at {address} did not answer' in lines[0]
     assert f'--port={port}' in lines[0]
     assert 'gives up after 1 s' in lines[0]
     second = _serve(port)
+    assert workers.answers(address, 60)
     assert pool.map_clients(counting, (), ([COUNT_TO + 2, 3],)) == [
         COUNT_TO + 2, 3]
     assert len(lines) == 2, lines
     assert f'the TFF worker at {address} answers again after' in lines[1]
-    pool.close()
   finally:
+    pool.close()
     for process in (first, second, *rescued):
       if process is not None and process.poll() is None:
         process.kill()
         process.wait()
+
+
+def test_silence_is_counted_within_a_call_and_forgotten_after_one_ends(
+    monkeypatch):
+  """A check that fails while a call ends leaves nothing behind (no
+  'answers again' in a later call), and a worker silent since an earlier
+  call is given up on only lost_worker_timeout into this one."""
+  monkeypatch.setattr(workers, 'PROBE_SECONDS', 0.05)
+  lines = []
+  pool = workers.Workers([object()], ['host:1'], lost_worker_timeout=0.5,
+                         log=lines.append)
+  try:
+    ending = concurrent.futures.Future()
+
+    def fails_as_the_call_ends(address, timeout):
+      del address, timeout
+      ending.set_result([])
+      return False
+
+    monkeypatch.setattr(workers, 'answers', fails_as_the_call_ends)
+    pool._wait([ending])  # pylint: disable=protected-access
+    assert len(lines) == 1 and 'did not answer' in lines[0], lines
+    monkeypatch.setattr(workers, 'answers', lambda address, timeout: True)
+    later = concurrent.futures.Future()
+    threading.Timer(0.3, later.set_result, ([],)).start()
+    pool._wait([later])  # pylint: disable=protected-access
+    assert len(lines) == 1, lines
+
+    monkeypatch.setattr(workers, 'answers', lambda address, timeout: False)
+    pool._silent_since['host:1'] = time.monotonic() - 100  # pylint: disable=protected-access
+    start = time.monotonic()
+    with pytest.raises(workers.WorkerLost, match='host:1'):
+      pool._wait([concurrent.futures.Future()])  # pylint: disable=protected-access
+    assert time.monotonic() - start >= 0.5
+  finally:
+    pool.close()
 
 
 def test_local_worker_killed_mid_call_is_replaced_with_the_same_results(

@@ -58,6 +58,8 @@ def worker_processes(pid: int | None = None) -> list[psutil.Process]:
 
 
 STOP_TIMEOUT_SECONDS = 5.0
+# True while `shutdown_workers` runs: workers that die then are its.
+_stopping = False
 
 
 def shutdown_workers(timeout: float = STOP_TIMEOUT_SECONDS) -> int:
@@ -67,19 +69,24 @@ def shutdown_workers(timeout: float = STOP_TIMEOUT_SECONDS) -> int:
   TFF computation call starts a fresh worker if one is needed: TFF notices
   the dead stub and restarts the service.
   """
-  workers = worker_processes()
-  for w in workers:
-    try:
-      w.send_signal(signal.SIGINT)
-    except psutil.NoSuchProcess:
-      pass
-  _, alive = psutil.wait_procs(workers, timeout=timeout)
-  for w in alive:
-    try:
-      w.kill()
-    except psutil.NoSuchProcess:
-      pass
-  psutil.wait_procs(alive, timeout=timeout)
+  global _stopping
+  _stopping = True
+  try:
+    workers = worker_processes()
+    for w in workers:
+      try:
+        w.send_signal(signal.SIGINT)
+      except psutil.NoSuchProcess:
+        pass
+    _, alive = psutil.wait_procs(workers, timeout=timeout)
+    for w in alive:
+      try:
+        w.kill()
+      except psutil.NoSuchProcess:
+        pass
+    psutil.wait_procs(alive, timeout=timeout)
+  finally:
+    _stopping = False
   if workers:
     _disarm_service_managers()
   return len(workers)
@@ -174,8 +181,13 @@ def stop_worker_pid(pid: int, sig: int,
     if process.ppid() != os.getpid() or not _is_worker(process):
       return
     if process.status() == psutil.STATUS_ZOMBIE:
-      # Dead before TFF stopped it: TFF is replacing a worker it found
-      # unresponsive, and retries the call that worker was running.
+      # Dead before TFF stopped it. Said only when TFF is replacing a
+      # worker it found unresponsive (its `get_stub`), to retry the call
+      # that worker was running: not when a context is collected (its
+      # thread's end may have killed the worker: the parent-death signal)
+      # or while `shutdown_workers` stops everything.
+      if _stopping or sys._getframe(1).f_code.co_name != 'get_stub':  # pylint: disable=protected-access
+        return
       print(f'the local TFF worker (pid {pid}) {_how_it_ended(pid)}; TFF '
             'starts a new one, and the call it was running runs again from '
             'its start (same results, more time)', file=sys.stderr,

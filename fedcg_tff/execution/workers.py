@@ -60,6 +60,11 @@ PROBE_TIMEOUT_SECONDS = 5.0
 # How long `Workers.close` waits for a context's thread; one still retrying
 # a call to a lost remote worker is a daemon and is left to the exit.
 CLOSE_TIMEOUT_SECONDS = 10.0
+# gRPC waits up to 120 s between attempts to reconnect a channel whose
+# server went away, and until it reconnects TFF's retries fail at once: a
+# remote worker restarted after a long outage would be used only that
+# long after. At most 10 s instead.
+RECONNECT_OPTIONS = (('grpc.max_reconnect_backoff_ms', 10_000),)
 
 
 class WorkerLost(ConnectionError):
@@ -109,7 +114,8 @@ def remote_context(address: str):
         f'{CONNECT_TIMEOUT_SECONDS:.0f}s (start one there with '
         f'binaries/run_worker.py)')
   channel = grpc.insecure_channel(
-      address, executor_factory._GRPC_CHANNEL_OPTIONS)  # pylint: disable=protected-access
+      address,
+      [*executor_factory._GRPC_CHANNEL_OPTIONS, *RECONNECT_OPTIONS])  # pylint: disable=protected-access
   stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(channel)
 
   def stack_fn(cardinalities):
@@ -265,9 +271,13 @@ class Workers:
 
   def _wait(self, futures) -> None:
     """Waits for the shards; every PROBE_SECONDS, checks that the remote
-    workers still computing one answer (see the module's docstring)."""
+    workers still computing one answer (see the module's docstring).
+    A worker is given up on after `lost_worker_timeout` seconds silent in
+    this call (checked at each probe, so up to about PROBE_SECONDS + 2 ×
+    PROBE_TIMEOUT_SECONDS later)."""
     watched = [(f, a) for f, a in zip(futures, self.addresses) if a]
     silent_since = self._silent_since
+    call_start = time.monotonic()
     while concurrent.futures.wait(futures, timeout=PROBE_SECONDS).not_done:
       for future, address in watched:
         if future.done():
@@ -276,23 +286,29 @@ class Workers:
         if answers(address, PROBE_TIMEOUT_SECONDS):
           if address in silent_since:
             self._log(f'the TFF worker at {address} answers again after '
-                      f'{now - silent_since.pop(address):.0f} s; a worker '
-                      f'restarted there runs its clients of this round '
-                      f'again from their start (same results)')
+                      f'{now - silent_since.pop(address):.0f} s; if it had '
+                      f'stopped, its clients of this round run again from '
+                      f'their start (same results)')
         elif address not in silent_since:
           silent_since[address] = now
           port = address.rpartition(':')[2]
           limit = (f'; the run gives up after {self.lost_worker_timeout:g} '
                    f's (--lost_worker_timeout)'
                    if self.lost_worker_timeout else '')
-          self._log(f'the TFF worker at {address} does not answer; TFF '
-                    f'retries its clients of this round until a worker '
-                    f'serves there again (binaries/run_worker.py '
+          self._log(f'the TFF worker at {address} did not answer a check '
+                    f'within {PROBE_TIMEOUT_SECONDS:g} s; if it has '
+                    f'stopped, TFF retries its clients of this round until '
+                    f'a worker serves there again (binaries/run_worker.py '
                     f'--port={port} on that machine), with the same '
                     f'results{limit}')
-        elif (self.lost_worker_timeout and
-              now - silent_since[address] >= self.lost_worker_timeout):
-          raise WorkerLost(
-              f'the TFF worker at {address} did not answer for '
-              f'{now - silent_since[address]:.0f} s in the middle of a '
-              f'round (--lost_worker_timeout={self.lost_worker_timeout:g})')
+        elif self.lost_worker_timeout:
+          silent = now - max(silent_since[address], call_start)
+          if silent >= self.lost_worker_timeout:
+            raise WorkerLost(
+                f'the TFF worker at {address} did not answer for '
+                f'{silent:.0f} s in the middle of a round '
+                f'(--lost_worker_timeout={self.lost_worker_timeout:g})')
+    # A call that completed shows its worker answering.
+    for future, address in watched:
+      if future.exception() is None:
+        silent_since.pop(address, None)
