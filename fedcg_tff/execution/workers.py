@@ -146,10 +146,10 @@ class _ContextThread:
   `KeyboardInterrupt` in the main thread) does not wait for a shard in
   progress, which a `ThreadPoolExecutor`'s threads make it do (the
   interpreter joins them before its exit handlers run): the exit handler
-  then stops the workers (`fedcg_tff.execution.runtime`). For the pool's
-  whole life, because a local worker gets its parent-death signal when
-  the thread that started it ends, and that is the thread of its first
-  call."""
+  then stops the workers (`fedcg_tff.execution.runtime`). A local worker
+  is started by TFF from its context's own event-loop thread (a daemon
+  that lives as long as the context), so its parent-death signal does not
+  depend on this thread."""
 
   def __init__(self, context):
     self.context = context
