@@ -17,6 +17,7 @@ accuracy at its best-validation round, and their mean.
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 
@@ -542,8 +543,27 @@ def _saved(checkpoints) -> str:
   if not good:
     return ('no round was saved yet, and rerunning the same command starts '
             'the run again')
-  return (f'rounds 1-{good} are saved in {checkpoints.directory}, and '
+  saved = 'round 1 is' if good == 1 else f'rounds 1-{good} are'
+  return (f'{saved} saved in {checkpoints.directory}, and '
           f'rerunning the same command resumes after round {good}')
+
+
+def _exit_if_out_of_space(error, checkpoints) -> None:
+  """Exits with what to do if `error` is the disk running out of space
+  (a traceback would bury it); returns otherwise."""
+  from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
+  if not run_record.out_of_space(error):
+    return
+  newest = checkpoints.latest_round()
+  size = run_record.directory_bytes(checkpoints.path(newest)) if newest else 0
+  need = (f' (a checkpoint of this run takes {size / 2**20:.1f} MB, and two '
+          f'are kept beside the one being written)' if size else '')
+  # TF's message starts with the function it ran: `{{function_node ...}}`.
+  message = re.sub(r'\{\{function_node [^}]*\}\}\s*', '',
+                   str(error).strip().splitlines()[-1])
+  sys.exit(f'No space left on the device of --output_dir={FLAGS.output_dir}: '
+           f'{message}\nThe run stopped; {_saved(checkpoints)}, once there '
+           f'is space{need}.')
 
 
 def _run(config, task, sampling, pool, resuming):
@@ -605,6 +625,9 @@ def _run(config, task, sampling, pool, resuming):
   except workers.WorkerLost as e:
     sys.exit(f'Worker lost: {e}. The run stopped; {_saved(checkpoints)}, '
              f'once a worker serves there again (binaries/run_worker.py).')
+  except Exception as e:  # pylint: disable=broad-except
+    _exit_if_out_of_space(e, checkpoints)
+    raise
 
   from fedcg_tff.execution import devices  # pylint: disable=g-import-not-at-top
   tracker = result.tracker
@@ -627,7 +650,11 @@ def _run(config, task, sampling, pool, resuming):
   if FLAGS.aggregation == 'secure':
     summary['aggregation'] = 'secure'
     summary['secure_clipped'] = clipped_counts(writer.csv_path)
-  run_record.write_json_atomically(results_path, summary)
+  try:
+    run_record.write_json_atomically(results_path, summary)
+  except OSError as e:
+    _exit_if_out_of_space(e, checkpoints)
+    raise
   resumed = (f', resumed after round {result.resumed_from}'
              if result.resumed_from else '')
   print(f'\nTest accuracy (%) at each client\'s best-validation round, after '

@@ -1,6 +1,7 @@
 """The shared round loop: best-validation bookkeeping and early stopping."""
 
 import csv
+import errno
 import glob
 import json
 import os
@@ -433,3 +434,19 @@ def test_a_save_of_another_state_stops_the_resume_naming_it(tmp_path,
 
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
+
+
+def test_out_of_space_is_told_from_other_errors(tmp_path):
+  """The disk out of space or of quota, as an OSError or inside a
+  TensorFlow error's message; not other errors of writing."""
+  assert run_record.out_of_space(OSError(errno.ENOSPC, 'x', 'metrics.csv'))
+  assert run_record.out_of_space(OSError(errno.EDQUOT, 'x'))
+  assert run_record.out_of_space(RuntimeError(
+      '.../variables.data; No space left on device [Op:SaveV2]'))
+  assert not run_record.out_of_space(OSError(errno.EACCES, 'x'))
+  assert not run_record.out_of_space(MemoryError('out of memory'))
+  (tmp_path / 'a').mkdir()
+  (tmp_path / 'a' / 'b').write_bytes(b'1234')
+  (tmp_path / 'c').write_bytes(b'12')
+  assert run_record.directory_bytes(str(tmp_path)) == 6
+  assert run_record.directory_bytes(str(tmp_path / 'absent')) == 0

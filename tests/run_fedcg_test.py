@@ -15,10 +15,12 @@ from absl import flags
 from absl.testing import flagsaver
 import psutil
 import pytest
+import tensorflow as tf
 
 from binaries import run_fedcg
 from fedcg_tff import names
 from fedcg_tff.execution import devices
+from fedcg_tff.program import checkpoint
 from tasks import image_task
 from tests import binary_runs
 from tests import event_logs
@@ -589,6 +591,25 @@ def test_terminated_run_stops_promptly_and_resumes_to_the_same_result(
   assert sorted(os.listdir(broken / 'checkpoints'))[-1] == 'round_2'
   assert [r['round'] for r in _metrics_without_timing(broken)] == ['1', '2']
   assert not (broken / 'results.json').exists()
+
+  # Rerun, the disk fills while round 3 is saved (TF's error, as a full
+  # tmpfs gave it): it stops saying so, with rounds 1-2 still saved.
+  def no_space(self, rounds_done, state):
+    del self, rounds_done, state
+    raise tf.errors.ResourceExhaustedError(
+        None, None, '{{function_node __wrapped__SaveV2_dtypes_9_device_/job:'
+        'localhost}} .../part-00000-of-00001; No space left on device '
+        '[Op:SaveV2]')
+
+  with monkeypatch.context() as patch:
+    patch.setattr(checkpoint.Checkpoints, 'save', no_space)
+    error = _main([f'--output_dir={broken}', *args])
+  assert error.startswith(
+      f'No space left on the device of --output_dir={broken}: .../part-'
+      '00000-of-00001; No space left on device [Op:SaveV2]\n'), error
+  assert 'rerunning the same command resumes after round 2' in error
+  assert 'a checkpoint of this run takes ' in error
+  assert sorted(os.listdir(broken / 'checkpoints'))[-1] == 'round_2'
 
   # Without the fault it resumes after round 2 to the uninterrupted result.
   capfd.readouterr()

@@ -7,6 +7,7 @@ put other flags into a run's directory, answers in well under a second
 instead of after TensorFlow's import (a sweep restarted over finished runs
 passes over them at once)."""
 
+import errno
 import fcntl
 import json
 import os
@@ -28,6 +29,25 @@ def write_text_atomically(path: str, text: str) -> None:
     os.fsync(f.fileno())
   os.replace(tmp, path)
   sync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def out_of_space(error: BaseException) -> bool:
+  """Whether `error` is a file system out of space (or of quota): an
+  OSError's errno, or the system's message inside a TensorFlow error,
+  which carries no errno (a checkpoint's variables: `ResourceExhaustedError:
+  ...; No space left on device [Op:SaveV2]`)."""
+  if isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS:
+    return True
+  return any(os.strerror(number) in str(error) for number in NO_SPACE_ERRNOS)
+
+
+def directory_bytes(path: str) -> int:
+  """The bytes of the files under `path` (0 if it does not exist)."""
+  return sum(os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(path) for name in names)
 
 
 def earlier_attempt_dir(parent: str) -> str:
