@@ -548,22 +548,27 @@ def _saved(checkpoints) -> str:
           f'rerunning the same command resumes after round {good}')
 
 
-def _exit_if_out_of_space(error, checkpoints) -> None:
-  """Exits with what to do if `error` is the disk running out of space
-  (a traceback would bury it); returns otherwise."""
+def _exit_if_out_of_space(error, checkpoints, writing: str = '') -> None:
+  """Exits with what to do if `error` is a disk running out of space
+  (`writing`: the file being written, when the error may not name it); a
+  traceback would bury it. Returns otherwise."""
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
   if not run_record.out_of_space(error):
     return
   newest = checkpoints.latest_round()
-  size = run_record.directory_bytes(checkpoints.path(newest)) if newest else 0
-  need = (f' (a checkpoint of this run takes {size / 2**20:.1f} MB, and two '
-          f'are kept beside the one being written)' if size else '')
-  # TF's message starts with the function it ran: `{{function_node ...}}`.
-  message = re.sub(r'\{\{function_node [^}]*\}\}\s*', '',
-                   str(error).strip().splitlines()[-1])
-  sys.exit(f'No space left on the device of --output_dir={FLAGS.output_dir}: '
-           f'{message}\nThe run stopped; {_saved(checkpoints)}, once there '
-           f'is space{need}.')
+  sizes = []
+  if newest:
+    sizes.append(f'a checkpoint of this run takes '
+                 f'{run_record.directory_bytes(checkpoints.path(newest)) / 2**20:.1f} MB, '
+                 f'and two are kept beside the one being written')
+  states = os.path.join(FLAGS.output_dir, 'client_states')
+  if os.path.isdir(states):
+    sizes.append(f'its client_states/ holds '
+                 f'{run_record.directory_bytes(states) / 2**20:.1f} MB')
+  need = f' ({"; ".join(sizes)})' if sizes else ''
+  sys.exit(f'Out of disk space{" writing " + writing if writing else ""}: '
+           f'{run_record.out_of_space_line(error)}\nThe run stopped; '
+           f'{_saved(checkpoints)}, once there is space{need}.')
 
 
 def _run(config, task, sampling, pool, resuming):
@@ -653,7 +658,7 @@ def _run(config, task, sampling, pool, resuming):
   try:
     run_record.write_json_atomically(results_path, summary)
   except OSError as e:
-    _exit_if_out_of_space(e, checkpoints)
+    _exit_if_out_of_space(e, checkpoints, writing=results_path)
     raise
   resumed = (f', resumed after round {result.resumed_from}'
              if result.resumed_from else '')

@@ -160,6 +160,8 @@ def test_run_resumes_from_checkpoints(tmp_path):
   # A crash after round 4's metrics were released, before its state was
   # saved: the CSV holds a row that the resumed run must replace.
   run_files.MetricsWriter(str(tmp_path)).write(4, {'mean/val_accuracy': 9.0})
+  with open(tmp_path / 'metrics.csv', 'a') as f:
+    f.write('1')  # Round 12's row, cut short by a full disk.
   lines = []
   second = _ScriptedAlgorithm(val, test)
   result = round_loop.run(second, lambda r: [r], [None, None], [None, None],
@@ -432,10 +434,6 @@ def test_a_save_of_another_state_stops_the_resume_naming_it(tmp_path,
       round_loop.saved_algorithm_state(this, checkpoints, 2, 1)
 
 
-if __name__ == '__main__':
-  raise SystemExit(pytest.main([__file__]))
-
-
 def test_out_of_space_is_told_from_other_errors(tmp_path):
   """The disk out of space or of quota, as an OSError or inside a
   TensorFlow error's message; not other errors of writing."""
@@ -445,8 +443,33 @@ def test_out_of_space_is_told_from_other_errors(tmp_path):
       '.../variables.data; No space left on device [Op:SaveV2]'))
   assert not run_record.out_of_space(OSError(errno.EACCES, 'x'))
   assert not run_record.out_of_space(MemoryError('out of memory'))
+  assert not run_record.out_of_space(RuntimeError(
+      'OOM when allocating tensor with shape[64,512] [Op:MatMul]'))
+  # The line that says so, from a multi-line TF message too.
+  assert run_record.out_of_space_line(RuntimeError(
+      '{{function_node __wrapped__SaveV2_dtypes_9}} /c/part-0; No space '
+      'left on device\n\t [[{{node SaveV2}}]] [Op:__inference_save_7]')) == (
+          '/c/part-0; No space left on device')
   (tmp_path / 'a').mkdir()
   (tmp_path / 'a' / 'b').write_bytes(b'1234')
   (tmp_path / 'c').write_bytes(b'12')
   assert run_record.directory_bytes(str(tmp_path)) == 6
   assert run_record.directory_bytes(str(tmp_path / 'absent')) == 0
+
+
+def test_atomic_write_that_fails_leaves_no_partial_file(tmp_path, monkeypatch):
+  path = tmp_path / 'results.json'
+  path.write_text('earlier')
+
+  def full(fd):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+
+  monkeypatch.setattr(os, 'fsync', full)
+  with pytest.raises(OSError):
+    run_record.write_text_atomically(str(path), 'new')
+  assert path.read_text() == 'earlier'
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['results.json']
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

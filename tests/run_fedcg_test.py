@@ -554,8 +554,8 @@ def test_terminated_run_stops_promptly_and_resumes_to_the_same_result(
     fedavg_run, data_dir, tmp_path, capfd, monkeypatch):
   """SIGTERM (a CI time limit, `kill`) between rounds: the run exits at
   once with 128 + SIGTERM, leaving no TFF worker and its saved rounds; the
-  resumed run stops cleanly on a NaN, then resumes to the uninterrupted
-  result. (A SIGKILL there leaves the same files: everything before the
+  resumed run stops cleanly on a NaN, then on a full disk, then resumes to
+  the uninterrupted result. (A SIGKILL there leaves the same files: everything before the
   hold is written. That no worker outlives a SIGKILL is runtime_test's.)
   """
   whole, _ = fedavg_run
@@ -605,11 +605,14 @@ def test_terminated_run_stops_promptly_and_resumes_to_the_same_result(
     patch.setattr(checkpoint.Checkpoints, 'save', no_space)
     error = _main([f'--output_dir={broken}', *args])
   assert error.startswith(
-      f'No space left on the device of --output_dir={broken}: .../part-'
-      '00000-of-00001; No space left on device [Op:SaveV2]\n'), error
+      'Out of disk space: .../part-00000-of-00001; No space left on device '
+      '[Op:SaveV2]\n'), error
   assert 'rerunning the same command resumes after round 2' in error
   assert 'a checkpoint of this run takes ' in error
   assert sorted(os.listdir(broken / 'checkpoints'))[-1] == 'round_2'
+  # Round 3's metrics were released before its save: the resume drops them.
+  assert [r['round'] for r in _metrics_without_timing(broken)] == [
+      '1', '2', '3']
 
   # Without the fault it resumes after round 2 to the uninterrupted result.
   capfd.readouterr()

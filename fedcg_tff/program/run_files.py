@@ -71,10 +71,15 @@ class MetricsWriter:
       shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
       return
     with open(self.csv_path, newline='') as f:
-      reader = csv.DictReader(f)
-      fieldnames = reader.fieldnames or ['round']
-      rows = [r for r in reader
-              if r.get('round') and int(r['round']) <= rounds_done]
+      kept = f.read()
+    # A row cut short (a full disk, a crash while appending) has no line
+    # end, or too few fields: dropped, as its round is not saved either.
+    kept = kept[:kept.rfind('\n') + 1]
+    reader = csv.DictReader(io.StringIO(kept, newline=''))
+    fieldnames = reader.fieldnames or ['round']
+    rows = [r for r in reader
+            if None not in r and None not in r.values() and
+            r.get('round', '').isdigit() and int(r['round']) <= rounds_done]
     text = io.StringIO(newline='')
     writer = csv.DictWriter(text, fieldnames=fieldnames)
     writer.writeheader()

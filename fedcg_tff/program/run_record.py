@@ -11,6 +11,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import time
 
 RUN_FILE = 'run.json'  # What defines the run in a directory: see below.
@@ -23,11 +24,17 @@ def write_text_atomically(path: str, text: str) -> None:
   half-written or empty file (a rename alone may reach the disk before the
   data it names), and the file is on disk when this returns."""
   tmp = f'{path}.tmp'
-  with open(tmp, 'w') as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, 'w') as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    # A full disk, say: the part written would only hold on to space.
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
   sync_directory(os.path.dirname(os.path.abspath(path)))
 
 
@@ -42,6 +49,16 @@ def out_of_space(error: BaseException) -> bool:
   if isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS:
     return True
   return any(os.strerror(number) in str(error) for number in NO_SPACE_ERRNOS)
+
+
+def out_of_space_line(error: BaseException) -> str:
+  """The line of `error`'s message that says it is out of space, without
+  the `{{function_node ...}}` that TF puts before it (a multi-line TF
+  message ends with a graph node, not with the cause)."""
+  lines = str(error).strip().splitlines() or ['']
+  line = next((l for l in lines if any(os.strerror(n) in l
+                                       for n in NO_SPACE_ERRNOS)), lines[-1])
+  return re.sub(r'\{\{function_node [^}]*\}\}\s*', '', line).strip()
 
 
 def directory_bytes(path: str) -> int:
