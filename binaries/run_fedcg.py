@@ -17,7 +17,6 @@ accuracy at its best-validation round, and their mean.
 import dataclasses
 import json
 import os
-import re
 import sys
 import time
 
