@@ -83,8 +83,7 @@ class FederatedImageTask:
     training 10).
     """
     def seed(i):
-      r, c = (0, 0) if replay else (round_num, i)
-      return (self.seed * 1_000_003 + r) * 1_009 + c
+      return data_seed(self.seed, *((0, 0) if replay else (round_num, i)))
 
     return ClientDatasets(
         len(self.clients),
@@ -142,7 +141,7 @@ class FederatedImageTask:
       # streams coincide and whether an image is flipped depends on its
       # index.
       shuffle_seed, draw_seed = (
-          int(s) for s in np.random.SeedSequence(seed).generate_state(2) >> 1)
+          int(s) for s in seed.generate_state(2) >> 1)
       # Conversion, resizing and normalisation do not change from pass to
       # pass: done on the first pass and cached (a round makes three passes,
       # counting, stage 1, stage 2); noise and flips are redrawn each pass.
@@ -178,6 +177,23 @@ class FederatedImageTask:
     ds = tf.data.Dataset.zip((ds, draws)).map(
         transform, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return without_autotune(ds.batch(batch_size))
+
+
+def data_seed(run_seed: int, round_num: int,
+              client: int) -> np.random.SeedSequence:
+  """What keys client `client`'s data order, flips and input noise in a
+  round: distinct for every (run seed, round, client).
+
+  Clients below 1009 keep the integer key every run before 2026-12-05 used,
+  (run_seed * 1 000 003 + round) * 1009 + client, so those runs resume and
+  repeat unchanged. That integer alone repeats from client 1009 on (client
+  c + 1009 in round r would draw as client c in round r + 1); those clients
+  take the key of client c mod 1009 with c // 1009 as NumPy's spawn key,
+  which no plain integer key reaches.
+  """
+  block, position = divmod(client, 1_009)
+  key = (run_seed * 1_000_003 + round_num) * 1_009 + position
+  return np.random.SeedSequence(key, spawn_key=(block,) if block else ())
 
 
 def without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:

@@ -87,6 +87,26 @@ def test_train_pipeline_shuffles_flips_and_is_seeded():
   assert not np.array_equal(*batches(False))
 
 
+def test_data_keys_are_distinct_at_any_client_count_and_keep_old_runs():
+  # Clients below 1009 keep the keys every committed run used (values of
+  # the integer key (seed * 1 000 003 + round) * 1009 + client).
+  assert image_task.data_seed(1, 0, 0).generate_state(2).tolist() == [
+      2928837349, 948112177]
+  assert image_task.data_seed(4, 7, 1008).generate_state(2).tolist() == [
+      1622586764, 2354447073]
+  states = {tuple(image_task.data_seed(seed, r, c).generate_state(2))
+            for seed in (1, 2) for r in range(3) for c in range(2100)}
+  assert len(states) == 2 * 3 * 2100
+  # Through the pipeline: with one integer key, client 1009 in round 0
+  # drew as client 0 in round 1 (every client holds the same data here).
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 256, (40, 32, 32, 1)).astype(np.uint8)
+  task = _task(x, np.arange(40, dtype=np.int32), clients=1010)
+  order = lambda r, c: np.concatenate(
+      [b[1] for b in _epoch(task.train_datasets(r, 8)[c])])
+  assert not np.array_equal(order(0, 1009), order(1, 0))
+
+
 def test_flips_are_independent_of_order_and_index():
   # Each image is mirrored with probability 1/2 whatever its index: measured
   # separately on even and odd source indices over three epochs.
