@@ -20,6 +20,7 @@ import tensorflow as tf
 from binaries import run_fedcg
 from fedcg_tff import names
 from fedcg_tff.execution import devices
+from fedcg_tff.execution import workers
 from fedcg_tff.program import checkpoint
 from tasks import image_task
 from tests import binary_runs
@@ -613,6 +614,38 @@ def test_terminated_run_stops_promptly_and_resumes_to_the_same_result(
   # Round 3's metrics were released before its save: the resume drops them.
   assert [r['round'] for r in _metrics_without_timing(broken)] == [
       '1', '2', '3']
+
+  # Rerun, a remote worker goes silent in round 3 past
+  # --lost_worker_timeout (workers_test makes that happen; here the error
+  # is raised where round 3 begins): it stops naming the worker, with
+  # rounds 1-2 still saved. A run that loses it in round 1 has saved
+  # nothing and says that rerunning starts again.
+  train_datasets = image_task.FederatedImageTask.train_datasets
+
+  def lost_in_round(lost_round):
+    def datasets(self, round_num, *rest, **kwargs):
+      if round_num + 1 == lost_round:
+        raise workers.WorkerLost(
+            'the TFF worker at localhost:1 did not answer for 5 s in the '
+            'middle of a round (--lost_worker_timeout=5)')
+      return train_datasets(self, round_num, *rest, **kwargs)
+    return datasets
+
+  with monkeypatch.context() as patch:
+    patch.setattr(image_task.FederatedImageTask, 'train_datasets',
+                  lost_in_round(3))
+    error = _main([f'--output_dir={broken}', *args])
+    assert error.startswith(
+        'Worker lost: the TFF worker at localhost:1 did not answer for 5 s'
+        ), error
+    assert 'rerunning the same command resumes after round 2, once a ' \
+        'worker serves there again' in error, error
+    assert sorted(os.listdir(broken / 'checkpoints'))[-1] == 'round_2'
+    patch.setattr(image_task.FederatedImageTask, 'train_datasets',
+                  lost_in_round(1))
+    error = _main([f'--output_dir={tmp_path / "lost_at_once"}', *args])
+    assert 'no round was saved yet, and rerunning the same command starts ' \
+        'the run again' in error, error
 
   # Without the fault it resumes after round 2 to the uninterrupted result.
   capfd.readouterr()
