@@ -19,7 +19,7 @@ CLIENT_INITS = ('shared', 'private')
 # server's copies do.
 PRIVATE_NETWORKS = ('extractor', 'discriminator')
 # Seeds go into numpy and TensorFlow seeds and into per-client seeds
-# (seed * 1000 + i): kept to a range every one of them takes.
+# (driver.client_seeds): kept to a range every one of them takes.
 MAX_SEED = 2**31 - 1
 MODELS = ('lenet', 'resnet18')  # models.families.MODELS, without TF.
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from fedcg_tff import config
 from fedcg_tff.algorithms import baselines_tf
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.program import checkpoint
@@ -197,6 +198,24 @@ def test_sampling_is_deterministic_sorted_and_varies():
   with pytest.raises(ValueError, match=r'clients_per_round must be in '
                      r'\[1, 4\] \(the number of clients\), got 5'):
     client_store.sample_clients(7, 0, 4, 5)
+
+
+def test_client_seeds_are_distinct_across_runs_and_keep_old_runs():
+  seeds = {s: driver.client_seeds(dataclasses.replace(TINY, seed=s), 2100)
+           for s in (0, 1, 2, config.MAX_SEED)}
+  # Clients below 1000 keep the seeds every committed run used.
+  assert seeds[1][:3] == [1001, 1002, 1003] and seeds[2][999] == 3000
+  every = [v for per_run in seeds.values() for v in per_run]
+  assert len(set(every)) == len(every)  # Client 1000 of seed 1 was seed 2's 0.
+  # Clients from 1000 on draw as no run's server either.
+  assert min(v for per_run in seeds.values() for v in per_run[1000:]) > (
+      config.MAX_SEED)
+  assert max(every) < 2**63  # TFF passes them as int64.
+  # Drawn from: client 1000 of seed 1 and client 0 of seed 2 start apart.
+  private = dataclasses.replace(TINY, client_init='private')
+  first, second = (baselines_tf.initial_client_state(private, s).extractor
+                   for s in (seeds[1][1000], seeds[2][0]))
+  assert not np.array_equal(first[0], second[0])
 
 
 def test_driver_refuses_more_clients_per_round_than_clients(process):

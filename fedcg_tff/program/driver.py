@@ -13,11 +13,23 @@ from fedcg_tff.program import client_store
 from fedcg_tff.program import round_loop
 
 
+# Clients from this index on take seeds above every earlier seed's range.
+_FIRST_WIDE_CLIENT = 1000
+
+
 def client_seeds(config: FedCGConfig, num_clients: int) -> list[int]:
-  """Each client's private seed, derived from the run's seed. With 1000
-  clients or more, consecutive run seeds share some (README, "Client
-  seeds"); kept, as every run made so far depends on it."""
-  return [config.seed * 1000 + i + 1 for i in range(num_clients)]
+  """Each client's private seed, distinct for every (run seed, client).
+
+  Clients below 1000 keep seed * 1000 + i + 1, which every run before
+  2026-12-05 used; from client 1000 on that formula reaches the next run
+  seed's clients (client 1000 of seed s would be client 0 of seed s + 1),
+  so those clients take 2**62 + seed * 2**31 + i instead: above every
+  seed * 1000 + i + 1 (< 2**41) and every run seed, inside int64 for any
+  seed up to config.MAX_SEED and fewer than 2**31 clients. (Client i < 999
+  of seed 0 still has run seed i + 1's number, as before.)
+  """
+  return [config.seed * 1000 + i + 1 if i < _FIRST_WIDE_CLIENT else
+          2**62 + config.seed * 2**31 + i for i in range(num_clients)]
 
 
 def _scalars(prefix: str, metrics) -> dict[str, float]:
