@@ -312,11 +312,16 @@ def test_fedgen_trains_generator_on_server_and_shares_c_and_g():
   _assert_all_close(driver.server_state.shared['classifier'], expected)
 
 
-def test_fedgen_clients_learn_from_the_broadcast_generator_frozen():
+@pytest.mark.parametrize('chunk_examples', [8, 512])
+def test_fedgen_clients_learn_from_the_broadcast_generator_frozen(
+    chunk_examples, monkeypatch):
   """A FedGen client's extra loss is CE(C(G_g(z, y)), y) with the broadcast
   G_g, which it does not train: with a learning rate too small to move C,
   the mean extra loss equals that CE on the same (z, y) draws, and G_g's
-  weights are unchanged. A client using another G, or training it, fails."""
+  weights are unchanged. A client using another G, or training it, fails.
+  G_g runs once a step or once for both steps (training_tf.
+  FrozenNetworkLoss)."""
+  monkeypatch.setattr(training_tf, 'FROZEN_CHUNK_EXAMPLES', chunk_examples)
   config = dataclasses.replace(TINY, lr=1e-12, weight_decay=0.0)
   baseline = baselines_tf.BASELINES['fedgen']
   nets = baselines_tf.PartyNetworks(config, baseline.client_networks)

@@ -13,6 +13,7 @@ from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.models import layers
 from fedcg_tff.models import model_weights
+from tasks import image_task
 
 TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
                    server_epochs=1, server_steps_per_epoch=4)
@@ -92,6 +93,60 @@ def test_stage1_lowers_classification_loss(distance):
   assert (float(dist_loss) == 0.0) == (distance == 'none')
   for a, b in zip(g_before, nets.generator.weights):  # G stays frozen.
     np.testing.assert_array_equal(a, b.numpy())
+
+
+@pytest.mark.parametrize('chunk_examples,bitwise', [
+    (8, True), (16, False), (training_tf.FROZEN_CHUNK_EXAMPLES, False)])
+def test_stage1_runs_g_in_chunks_with_each_steps_numbers(
+    chunk_examples, bitwise, monkeypatch):
+  """Stage 1 runs G once for a chunk of steps (training_tf.
+  FrozenNetworkLoss): E and C end as with G run in each step, bit for bit
+  at one batch a call, to float rounding otherwise; on the real client
+  pipeline (reshuffled and flipped each pass), 52 images in batches of 8,
+  so that the last batch and the last chunk are short."""
+  config = dataclasses.replace(TINY, local_epochs=3, lr=3e-3)
+  rng = np.random.default_rng(4)
+  images = rng.integers(0, 256, (52, 28, 28, 1)).astype(np.uint8)
+  split = image_task.ClientSplit((images, rng.integers(0, 10, 52)),
+                                 (images[:4], np.zeros(4, np.int64)),
+                                 (images[:4], np.zeros(4, np.int64)))
+  task = image_task.FederatedImageTask('t', (split,), 10, 1, seed=5,
+                                       mean=(0.5,), std=(0.5,))
+  state = fedcg_tf.initial_client_state(config, 1)
+  seed, round_num = tf.constant(7, tf.int64), tf.constant(3)
+
+  def per_step(nets):
+    def dist_loss(features, labels, step):
+      z = training_tf.noise(seed, training_tf.NOISE_STREAM_CLS, round_num,
+                            step, [tf.shape(labels)[0], config.noise_dim])
+      targets = tf.stop_gradient(nets.generator([z, labels], training=False))
+      return fedcg_tf.feature_distance(config.distance, features, targets)
+    return training_tf.train_classifier(
+        nets, state.classification_optimizer,
+        task.train_datasets(0, 8)[0], config.local_epochs, dist_loss,
+        tf.constant(0.5))
+
+  def chunked(nets):
+    return fedcg_tf.train_classification(
+        nets, state.classification_optimizer, task.train_datasets(0, 8)[0],
+        tf.constant(0.5), seed, round_num)
+
+  monkeypatch.setattr(training_tf, 'FROZEN_CHUNK_EXAMPLES', chunk_examples)
+  results = []
+  for train in (per_step, chunked):
+    nets = _nets(config)
+    optimizer, cls_loss, dist_loss = tf.function(lambda: train(nets))()
+    results.append([float(cls_loss), float(dist_loss),
+                    int(optimizer['step'])] +
+                   [w.numpy() for w in nets.extractor.weights +
+                    nets.classifier.weights])
+  assert results[0][2] == results[1][2] == 3 * 7
+  assert float(results[0][1]) > 0
+  for a, b in zip(*results):
+    if bitwise:
+      np.testing.assert_array_equal(a, b)
+    else:
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize('distance', ['mse', 'cos'])

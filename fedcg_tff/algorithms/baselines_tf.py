@@ -282,16 +282,18 @@ def client_update(nets: PartyNetworks, baseline: Baseline, message: ServerMessag
   elif baseline.server_generator:
     draw_seed, draw_round = training_tf.draw_key(config, state.seed, round_num)
 
-    def extra_loss(features, labels, step):
-      """CE(C(G(z, y)), y) on generated features; G is frozen."""
-      del features
+    def draws(labels, step):
       batch = tf.shape(labels)[0]
       key = (draw_seed, training_tf.NOISE_STREAM_GENERATED, draw_round, step)
-      z = training_tf.noise(*key, [batch, config.noise_dim])
-      y = training_tf.uniform_labels(*key, batch, config.num_classes)
-      generated = tf.stop_gradient(nets.generator([z, y], training=False))
-      return training_tf.cross_entropy(
-          y, nets.classifier(generated, training=True))
+      return (training_tf.noise(*key, [batch, config.noise_dim]),
+              training_tf.uniform_labels(*key, batch, config.num_classes))
+
+    # CE(C(G(z, y)), y) on generated features; G is frozen.
+    extra_loss = training_tf.FrozenNetworkLoss(
+        draws=draws,
+        network=lambda zy, labels: nets.generator(list(zy), training=False),
+        loss=lambda features, labels, zy, generated: training_tf.cross_entropy(
+            zy[1], nets.classifier(generated, training=True)))
 
   num_examples = training_tf.count_examples(dataset)
   # Passes over `dataset` in order: see training_tf.PASS_ORDER_NOTE.

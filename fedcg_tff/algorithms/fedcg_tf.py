@@ -183,13 +183,13 @@ def train_classification(nets: PartyNetworks, optimizer_state, dataset, gamma,
   Call from inside a `tf.function` (the loops are AutoGraph loops).
   """
   config = nets.config
-
-  def dist_loss(features, labels, step):
-    z = training_tf.noise(seed, training_tf.NOISE_STREAM_CLS, round_num, step,
-                          [tf.shape(labels)[0], config.noise_dim])
-    targets = tf.stop_gradient(nets.generator([z, labels], training=False))
-    return feature_distance(config.distance, features, targets)
-
+  dist_loss = training_tf.FrozenNetworkLoss(
+      draws=lambda labels, step: training_tf.noise(
+          seed, training_tf.NOISE_STREAM_CLS, round_num, step,
+          [tf.shape(labels)[0], config.noise_dim]),
+      network=lambda z, labels: nets.generator([z, labels], training=False),
+      loss=lambda features, labels, z, targets: feature_distance(
+          config.distance, features, targets))
   return training_tf.train_classifier(
       nets, optimizer_state, dataset, config.local_epochs,
       extra_loss=None if config.distance == 'none' else dist_loss,

@@ -467,14 +467,73 @@ def kl_divergence(teacher_logits, student_logits):
 # classification loss of `train_classifier`, with `step` the step count.
 ExtraLoss = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
 
+# Examples per call of a FrozenNetworkLoss's network (and at most this many
+# bytes of a chunk's input images, so that 224x224 inputs stay at a batch a
+# call). Read when the loop is traced; 1 runs the network once a step.
+FROZEN_CHUNK_EXAMPLES = 512
+FROZEN_CHUNK_BYTES = 8 << 20
+
+
+@attrs.define(frozen=True)
+class FrozenNetworkLoss:
+  """A term of `train_classifier`'s loss that runs a frozen network on
+  per-step draws: FedCG's G(z, y) target in stage 1, FedGen's G(z, y) fed
+  to C. The network runs once for a chunk of steps (FROZEN_CHUNK_EXAMPLES
+  examples), not once a step.
+
+  Why: at batch 8 G's products are too small to run well. On the Zen 3
+  host (2026-12-05) G's forward over a 2000-image epoch took 0.79 s in
+  calls of 8 and 0.21 s in calls of 500, out of 1.43 s for the whole
+  stage-1 epoch. The network is in inference mode, so an example's output
+  does not depend on the others in its call: each step sees the numbers it
+  saw before, up to float rounding (products are blocked differently).
+
+  `draws(labels, step)`: a step's per-example draws (a tensor or a tuple of
+  them, first dimension the step's batch), keyed by the step as before.
+  `network(draws, labels)`: the frozen network on a chunk's draws and labels.
+  `loss(features, labels, draws, outputs)`: the term for one step.
+  """
+  draws: Callable
+  network: Callable
+  loss: Callable
+
+
+def _batches_per_chunk(dataset, batch_size: int) -> int:
+  """Batches of `dataset` a chunk holds: one if an image's size is unknown."""
+  image_elements = dataset.element_spec[0].shape[1:].num_elements()
+  if not image_elements:
+    return 1
+  example_bytes = dataset.element_spec[0].dtype.size * image_elements
+  examples = min(FROZEN_CHUNK_EXAMPLES, FROZEN_CHUNK_BYTES // example_bytes)
+  return max(1, examples // batch_size)
+
+
+def _chunk_draws(draws, labels, splits, first_step):
+  """`draws` of each step of a chunk (step j's labels are
+  labels[splits[j]:splits[j + 1]]), concatenated along the examples."""
+  steps = tf.size(splits) - 1
+  first = draws(labels[splits[0]:splits[1]], first_step)
+  arrays = tf.nest.map_structure(
+      lambda t: tf.TensorArray(
+          t.dtype, size=steps, infer_shape=False,
+          element_shape=tf.TensorShape([None]).concatenate(t.shape[1:])).write(
+              0, t), first)
+  for j in tf.range(1, steps):
+    step_draws = draws(labels[splits[j]:splits[j + 1]], first_step + j)
+    arrays = tf.nest.map_structure(lambda a, t: a.write(j, t), arrays,
+                                   step_draws)
+  return tf.nest.map_structure(lambda a: a.concat(), arrays)
+
 
 def train_classifier(nets: PartyNetworks, optimizer_state, dataset, epochs: int,
-                     extra_loss: Optional[ExtraLoss] = None,
+                     extra_loss: Optional[ExtraLoss | FrozenNetworkLoss] = None,
                      extra_weight=1.0):
   """`epochs` passes of `CE(C(E(x)), y) + extra_weight * extra_loss` over E, C.
 
   The one supervised loop of every algorithm: FedCG adds its feature
   distance, FedProx its proximal term, FedGen the CE on generated features.
+  A FrozenNetworkLoss is taken a chunk of the epoch at a time (same
+  batches, same order: the dataset is iterated once per epoch either way).
   Returns the new optimizer state and the mean CE and extra loss.
   Call from inside a `tf.function` (the loops are AutoGraph loops).
   """
@@ -483,25 +542,49 @@ def train_classifier(nets: PartyNetworks, optimizer_state, dataset, epochs: int,
                nets.classifier.trainable_variables)
   optimizer = optimizer_steps(classification_optimizer(config), nets,
                               variables, config.weight_decay)
+
+  def train_step(carry, x, y, extra_fn):
+    with tf.GradientTape() as tape:
+      features = nets.extractor(x, training=True)
+      cls_loss = cross_entropy(y, nets.classifier(features, training=True))
+      extra = tf.constant(0.0) if extra_fn is None else extra_fn(features, y)
+      loss = cls_loss + extra_weight * extra
+    return optimizer.step(carry, tape.gradient(loss, variables)), cls_loss, extra
+
   carry = optimizer.begin(optimizer_state)
   cls_sum = tf.constant(0.0)
   extra_sum = tf.constant(0.0)
   steps = tf.constant(0, tf.int32)
-  for _ in tf.range(epochs):
-    for x, y in iter(dataset):  # See ITERATE_NOTE.
-      y = tf.cast(y, tf.int32)
-      with tf.GradientTape() as tape:
-        features = nets.extractor(x, training=True)
-        cls_loss = cross_entropy(y, nets.classifier(features, training=True))
-        if extra_loss is None:
-          extra = tf.constant(0.0)
-        else:
-          extra = extra_loss(features, y, steps)
-        loss = cls_loss + extra_weight * extra
-      carry = optimizer.step(carry, tape.gradient(loss, variables))
-      cls_sum += cls_loss
-      extra_sum += extra
-      steps += 1
+  if isinstance(extra_loss, FrozenNetworkLoss):
+    chunks = dataset.ragged_batch(
+        _batches_per_chunk(dataset, config.batch_size))
+    for _ in tf.range(epochs):
+      for x_chunk, y_chunk in iter(chunks):  # See ITERATE_NOTE.
+        splits = tf.cast(y_chunk.row_splits, tf.int32)
+        x_all, y_all = x_chunk.values, tf.cast(y_chunk.values, tf.int32)
+        draws = _chunk_draws(extra_loss.draws, y_all, splits, steps)
+        outputs = extra_loss.network(draws, y_all)
+        for j in tf.range(tf.size(splits) - 1):
+          lo, hi = splits[j], splits[j + 1]
+          step_draws = tf.nest.map_structure(lambda t: t[lo:hi], draws)
+          step_outputs = outputs[lo:hi]
+          carry, cls_loss, extra = train_step(
+              carry, x_all[lo:hi], y_all[lo:hi],
+              lambda features, y: extra_loss.loss(features, y, step_draws,
+                                                  step_outputs))
+          cls_sum += cls_loss
+          extra_sum += extra
+          steps += 1
+  else:
+    for _ in tf.range(epochs):
+      for x, y in iter(dataset):  # See ITERATE_NOTE.
+        carry, cls_loss, extra = train_step(
+            carry, x, tf.cast(y, tf.int32),
+            None if extra_loss is None else
+            lambda features, y: extra_loss(features, y, steps))
+        cls_sum += cls_loss
+        extra_sum += extra
+        steps += 1
   return (optimizer.end(carry), mean_over_steps(cls_sum, steps),
           mean_over_steps(extra_sum, steps))
 
