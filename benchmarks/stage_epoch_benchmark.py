@@ -7,8 +7,9 @@ speed change chooses between, timed interleaved (this VM's speed drifts).
 
 Variants: D's real and fake passes paired into one stacked call
 (`layers.paired_passes`, the default) or as two calls; stage 1's frozen G
-run on a chunk of steps' examples at once (`training_tf.FrozenNetworkLoss`,
-the default) or once a step. The host's CPU model
+run on a chunk of steps' examples at once (`training_tf.FrozenNetworkLoss`:
+512 examples a call, the default, or a whole epoch's 2000) or once a step
+(8 a call, as before the chunks). The host's CPU model
 is printed with the figures. Random images stand in for FMNIST: the cost
 does not depend on pixel values.
 """
@@ -43,7 +44,7 @@ def main():
   nets = fedcg_tf.PartyNetworks(config)
   state = fedcg_tf.initial_client_state(config, 1)
   default_chunk = training_tf.FROZEN_CHUNK_EXAMPLES
-  for chunk in (default_chunk, config.batch_size):
+  for chunk in (default_chunk, 2048, config.batch_size):
     training_tf.FROZEN_CHUNK_EXAMPLES = chunk  # Read when the loop is traced.
     name = f'stage 1, G on {chunk} examples a call'
     epochs[name] = tf.function(lambda: fedcg_tf.train_classification(

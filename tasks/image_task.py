@@ -189,7 +189,7 @@ def data_seed(run_seed: int, round_num: int,
   repeat unchanged. That integer alone repeats from client 1009 on (client
   c + 1009 in round r would draw as client c in round r + 1); those clients
   take the key of client c mod 1009 with c // 1009 as NumPy's spawn key,
-  which no plain integer key reaches.
+  which no plain integer key below 2**128 reaches (ours stay below 2**62).
   """
   block, position = divmod(client, 1_009)
   key = (run_seed * 1_000_003 + round_num) * 1_009 + position

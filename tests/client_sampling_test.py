@@ -200,7 +200,7 @@ def test_sampling_is_deterministic_sorted_and_varies():
     client_store.sample_clients(7, 0, 4, 5)
 
 
-def test_client_seeds_are_distinct_across_runs_and_keep_old_runs():
+def test_client_seeds_are_distinct_across_runs_and_keep_old_runs(process):
   seeds = {s: driver.client_seeds(dataclasses.replace(TINY, seed=s), 2100)
            for s in (0, 1, 2, config.MAX_SEED)}
   # Clients below 1000 keep the seeds every committed run used.
@@ -216,6 +216,10 @@ def test_client_seeds_are_distinct_across_runs_and_keep_old_runs():
   first, second = (baselines_tf.initial_client_state(private, s).extractor
                    for s in (seeds[1][1000], seeds[2][0]))
   assert not np.array_equal(first[0], second[0])
+  # Through TFF's int64 client placement, the largest seed arrives whole.
+  largest = seeds[config.MAX_SEED][-1]
+  state, = process.initialize_clients([largest])
+  assert int(state.seed) == largest
 
 
 def test_driver_refuses_more_clients_per_round_than_clients(process):

@@ -95,15 +95,24 @@ def test_stage1_lowers_classification_loss(distance):
     np.testing.assert_array_equal(a, b.numpy())
 
 
-@pytest.mark.parametrize('chunk_examples,bitwise', [
-    (8, True), (16, False), (training_tf.FROZEN_CHUNK_EXAMPLES, False)])
+def _unknown_image_size(dataset):
+  return dataset.map(lambda x, y: (tf.ensure_shape(
+      tf.py_function(tf.identity, [x], tf.float32), [None, None, None, 1]), y))
+
+
+@pytest.mark.parametrize('kind,chunk_examples,bitwise', [
+    ('pipeline', 8, True), ('pipeline', 16, False),
+    ('pipeline', training_tf.FROZEN_CHUNK_EXAMPLES, False),
+    ('unknown image size', training_tf.FROZEN_CHUNK_EXAMPLES, True),
+    ('fixed batch size', training_tf.FROZEN_CHUNK_EXAMPLES, True)])
 def test_stage1_runs_g_in_chunks_with_each_steps_numbers(
-    chunk_examples, bitwise, monkeypatch):
+    kind, chunk_examples, bitwise, monkeypatch):
   """Stage 1 runs G once for a chunk of steps (training_tf.
   FrozenNetworkLoss): E and C end as with G run in each step, bit for bit
   at one batch a call, to float rounding otherwise; on the real client
   pipeline (reshuffled and flipped each pass), 52 images in batches of 8,
-  so that the last batch and the last chunk are short."""
+  so that the last batch and the last chunk are short. Batches whose image
+  size or batch size is not `[None, known]` run G in each step."""
   config = dataclasses.replace(TINY, local_epochs=3, lr=3e-3)
   rng = np.random.default_rng(4)
   images = rng.integers(0, 256, (52, 28, 28, 1)).astype(np.uint8)
@@ -115,6 +124,14 @@ def test_stage1_runs_g_in_chunks_with_each_steps_numbers(
   state = fedcg_tf.initial_client_state(config, 1)
   seed, round_num = tf.constant(7, tf.int64), tf.constant(3)
 
+  def data():
+    dataset = task.train_datasets(0, 8)[0]
+    if kind == 'unknown image size':
+      return _unknown_image_size(dataset)
+    if kind == 'fixed batch size':
+      return dataset.unbatch().batch(8, drop_remainder=True)
+    return dataset
+
   def per_step(nets):
     def dist_loss(features, labels, step):
       z = training_tf.noise(seed, training_tf.NOISE_STREAM_CLS, round_num,
@@ -122,14 +139,13 @@ def test_stage1_runs_g_in_chunks_with_each_steps_numbers(
       targets = tf.stop_gradient(nets.generator([z, labels], training=False))
       return fedcg_tf.feature_distance(config.distance, features, targets)
     return training_tf.train_classifier(
-        nets, state.classification_optimizer,
-        task.train_datasets(0, 8)[0], config.local_epochs, dist_loss,
-        tf.constant(0.5))
+        nets, state.classification_optimizer, data(), config.local_epochs,
+        dist_loss, tf.constant(0.5))
 
   def chunked(nets):
     return fedcg_tf.train_classification(
-        nets, state.classification_optimizer, task.train_datasets(0, 8)[0],
-        tf.constant(0.5), seed, round_num)
+        nets, state.classification_optimizer, data(), tf.constant(0.5), seed,
+        round_num)
 
   monkeypatch.setattr(training_tf, 'FROZEN_CHUNK_EXAMPLES', chunk_examples)
   results = []
@@ -140,7 +156,8 @@ def test_stage1_runs_g_in_chunks_with_each_steps_numbers(
                     int(optimizer['step'])] +
                    [w.numpy() for w in nets.extractor.weights +
                     nets.classifier.weights])
-  assert results[0][2] == results[1][2] == 3 * 7
+  assert results[0][2] == results[1][2] == 3 * (
+      6 if kind == 'fixed batch size' else 7)
   assert float(results[0][1]) > 0
   for a, b in zip(*results):
     if bitwise:

@@ -22,6 +22,20 @@ def _leaves(structure):
   return [np.asarray(t) for t in tf.nest.flatten(structure)]
 
 
+def test_frozen_network_chunks_hold_512_examples_of_known_size_only():
+  spec = lambda shape: tf.data.Dataset.from_tensor_slices(
+      (tf.zeros([1, *shape]), tf.zeros([1], tf.int32))).batch(8)
+  assert training_tf.batches_per_chunk(spec([32, 32, 1]), 8) == 64
+  assert training_tf.batches_per_chunk(spec([32, 32, 1]), 32) == 16
+  # 8 MB of images at most: ResNet-18's inputs stay at a batch a call.
+  assert training_tf.batches_per_chunk(spec([224, 224, 3]), 8) == 1
+  assert training_tf.batches_per_chunk(spec([64, 64, 3]), 8) == 21  # 170.
+  fixed = tf.data.Dataset.from_tensor_slices(
+      (tf.zeros([8, 32, 32, 1]), tf.zeros([8], tf.int32))).batch(
+          8, drop_remainder=True)
+  assert training_tf.batches_per_chunk(fixed, 8) == 1
+
+
 def test_networks_builds_only_the_named_networks():
   nets = training_tf.PartyNetworks(FedCGConfig(), ('classifier', 'extractor'))
   assert nets.extractor.name == 'extractor'

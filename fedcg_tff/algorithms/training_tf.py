@@ -482,9 +482,9 @@ class FrozenNetworkLoss:
   examples), not once a step.
 
   Why: at batch 8 G's products are too small to run well. On the Zen 3
-  host (2026-12-05) G's forward over a 2000-image epoch took 0.79 s in
-  calls of 8 and 0.21 s in calls of 500, out of 1.43 s for the whole
-  stage-1 epoch. The network is in inference mode, so an example's output
+  host (2026-12-05, benchmarks/stage_epoch_benchmark.py) one client's
+  FedCG stage-1 epoch took 1.55 s with G once a step on 8 examples, 0.88 s
+  with G on 512 a call, 0.95 s on the whole epoch's 2000 at once. The network is in inference mode, so an example's output
   does not depend on the others in its call: each step sees the numbers it
   saw before, up to float rounding (products are blocked differently).
 
@@ -498,14 +498,28 @@ class FrozenNetworkLoss:
   loss: Callable
 
 
-def _batches_per_chunk(dataset, batch_size: int) -> int:
-  """Batches of `dataset` a chunk holds: one if an image's size is unknown."""
-  image_elements = dataset.element_spec[0].shape[1:].num_elements()
-  if not image_elements:
+def batches_per_chunk(dataset, batch_size: int) -> int:
+  """Batches of `dataset` a FrozenNetworkLoss chunk holds; 1 (the network
+  then runs in each step, as a plain ExtraLoss) when chunks would not hold
+  more, or when the batches are not `[None, known image shape]` (a fixed
+  batch size or an unknown image size: `ragged_batch` would not give one
+  flat tensor of a chunk's images)."""
+  shape = dataset.element_spec[0].shape
+  if (shape.rank is None or shape.rank < 2 or shape[0] is not None or
+      not shape[1:].is_fully_defined()):
     return 1
-  example_bytes = dataset.element_spec[0].dtype.size * image_elements
+  example_bytes = dataset.element_spec[0].dtype.size * shape[1:].num_elements()
   examples = min(FROZEN_CHUNK_EXAMPLES, FROZEN_CHUNK_BYTES // example_bytes)
   return max(1, examples // batch_size)
+
+
+def _per_step(frozen: FrozenNetworkLoss) -> ExtraLoss:
+  """`frozen` as a plain ExtraLoss: its network runs in each step."""
+  def extra_loss(features, labels, step):
+    draws = frozen.draws(labels, step)
+    outputs = tf.stop_gradient(frozen.network(draws, labels))
+    return frozen.loss(features, labels, draws, outputs)
+  return extra_loss
 
 
 def _chunk_draws(draws, labels, splits, first_step):
@@ -533,7 +547,8 @@ def train_classifier(nets: PartyNetworks, optimizer_state, dataset, epochs: int,
   The one supervised loop of every algorithm: FedCG adds its feature
   distance, FedProx its proximal term, FedGen the CE on generated features.
   A FrozenNetworkLoss is taken a chunk of the epoch at a time (same
-  batches, same order: the dataset is iterated once per epoch either way).
+  batches, same order: the dataset is iterated once per epoch either way),
+  or in each step where `batches_per_chunk` gives 1.
   Returns the new optimizer state and the mean CE and extra loss.
   Call from inside a `tf.function` (the loops are AutoGraph loops).
   """
@@ -555,9 +570,13 @@ def train_classifier(nets: PartyNetworks, optimizer_state, dataset, epochs: int,
   cls_sum = tf.constant(0.0)
   extra_sum = tf.constant(0.0)
   steps = tf.constant(0, tf.int32)
+  chunk_batches = 1
   if isinstance(extra_loss, FrozenNetworkLoss):
-    chunks = dataset.ragged_batch(
-        _batches_per_chunk(dataset, config.batch_size))
+    chunk_batches = batches_per_chunk(dataset, config.batch_size)
+    if chunk_batches == 1:
+      extra_loss = _per_step(extra_loss)
+  if chunk_batches > 1:
+    chunks = dataset.ragged_batch(chunk_batches)
     for _ in tf.range(epochs):
       for x_chunk, y_chunk in iter(chunks):  # See ITERATE_NOTE.
         splits = tf.cast(y_chunk.row_splits, tf.int32)

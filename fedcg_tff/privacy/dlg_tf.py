@@ -89,8 +89,9 @@ PSNR_CAP_DB = 100.0
 ATTACK_OPTIMIZERS = ('lbfgs', 'adam')
 LABEL_MODES = ('auto', 'infer', 'optimize')
 # Offset between the run's seed and the attacker's stand-in extractor seed.
-# The clients' seeds are seed * 1000 + i + 1 (program.driver.client_seeds), so
-# this one is no client's (for seed >= 1, or fewer than 500 clients).
+# The clients' seeds are seed * 1000 + i + 1 below client 1000 and above 2**62
+# from there (program.driver.client_seeds), so this one is no client's (for
+# seed >= 1, or fewer than 500 clients).
 STAND_IN_SEED_OFFSET = 500
 
 _EC = ('extractor', 'classifier')
