@@ -185,8 +185,8 @@ def data_seed(run_seed: int, round_num: int,
   round: distinct for every (run seed, round, client).
 
   Clients below 1009 keep the integer key every run before 2026-12-05 used,
-  (run_seed * 1 000 003 + round) * 1009 + client, so those runs resume and
-  repeat unchanged. That integer alone repeats from client 1009 on (client
+  (run_seed * 1 000 003 + round) * 1009 + client, so those runs' data
+  draws do not change. That integer alone repeats from client 1009 on (client
   c + 1009 in round r would draw as client c in round r + 1); those clients
   take the key of client c mod 1009 with c // 1009 as NumPy's spawn key,
   which no plain integer key below 2**128 reaches (ours stay below 2**62).

@@ -469,7 +469,8 @@ ExtraLoss = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
 
 # Examples per call of a FrozenNetworkLoss's network (and at most this many
 # bytes of a chunk's input images, so that 224x224 inputs stay at a batch a
-# call). Read when the loop is traced; 1 runs the network once a step.
+# call). Read when the loop is traced; below two batches the network runs
+# once a step.
 FROZEN_CHUNK_EXAMPLES = 512
 FROZEN_CHUNK_BYTES = 8 << 20
 
@@ -484,9 +485,10 @@ class FrozenNetworkLoss:
   Why: at batch 8 G's products are too small to run well. On the Zen 3
   host (2026-12-05, benchmarks/stage_epoch_benchmark.py) one client's
   FedCG stage-1 epoch took 1.55 s with G once a step on 8 examples, 0.88 s
-  with G on 512 a call, 0.95 s on the whole epoch's 2000 at once. The network is in inference mode, so an example's output
-  does not depend on the others in its call: each step sees the numbers it
-  saw before, up to float rounding (products are blocked differently).
+  with G on 512 a call, 0.95 s on the whole epoch's 2000 at once. The
+  network is in inference mode, so an example's output does not depend on
+  the others in its call: each step sees the numbers it saw before, up to
+  float rounding (products are blocked differently).
 
   `draws(labels, step)`: a step's per-example draws (a tensor or a tuple of
   them, first dimension the step's batch), keyed by the step as before.
@@ -564,7 +566,8 @@ def train_classifier(nets: PartyNetworks, optimizer_state, dataset, epochs: int,
       cls_loss = cross_entropy(y, nets.classifier(features, training=True))
       extra = tf.constant(0.0) if extra_fn is None else extra_fn(features, y)
       loss = cls_loss + extra_weight * extra
-    return optimizer.step(carry, tape.gradient(loss, variables)), cls_loss, extra
+    carry = optimizer.step(carry, tape.gradient(loss, variables))
+    return carry, cls_loss, extra
 
   carry = optimizer.begin(optimizer_state)
   cls_sum = tf.constant(0.0)
