@@ -9,11 +9,13 @@ Variants: D's real and fake passes paired into one stacked call
 (`layers.paired_passes`, the default) or as two calls; stage 1's frozen G
 run on a chunk of steps' examples at once (`training_tf.FrozenNetworkLoss`:
 512 examples a call, the default, or a whole epoch's 2000) or once a step
-(8 a call, as before the chunks). The host's CPU model
+(8 a call, as before the chunks); the same for a FedGen client's update
+(one local epoch, the frozen G feeding C). The host's CPU model
 is printed with the figures. Random images stand in for FMNIST: the cost
 does not depend on pixel values.
 """
 
+import functools
 import os
 import time
 
@@ -21,10 +23,12 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import synthetic
+from fedcg_tff.algorithms import baselines_tf
 from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.execution import devices
+from fedcg_tff.models import model_weights
 
 REPEATS = 5
 
@@ -50,6 +54,21 @@ def main():
     epochs[name] = tf.function(lambda: fedcg_tf.train_classification(
         nets, state.classification_optimizer, dataset, tf.constant(0.5),
         state.seed, 0))
+    epochs[name]()
+  # FedGen's client (its frozen G feeds C): the update traces once per
+  # networks object, so each chunk size gets its own.
+  fedgen = baselines_tf.BASELINES['fedgen']
+  fedgen_state = baselines_tf.initial_client_state(config, 4)
+  for chunk in (default_chunk, config.batch_size):
+    training_tf.FROZEN_CHUNK_EXAMPLES = chunk
+    fedgen_nets = baselines_tf.PartyNetworks(config, fedgen.client_networks)
+    message = baselines_tf.ServerMessage(
+        shared={'classifier': fedgen_state.classifier},
+        generator=model_weights.values(fedgen_nets.generator),
+        round_num=tf.constant(2))
+    name = f'FedGen client, G on {chunk} a call'
+    epochs[name] = functools.partial(baselines_tf.client_update, fedgen_nets,
+                                     fedgen, message, fedgen_state, dataset)
     epochs[name]()
   training_tf.FROZEN_CHUNK_EXAMPLES = default_chunk
   times = {name: [] for name in epochs}
