@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from fedcg_tff.algorithms import fedcg_tf
+from fedcg_tff.algorithms import round_tff
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.models import model_weights
@@ -34,6 +35,11 @@ def test_frozen_network_chunks_hold_512_examples_of_known_size_only():
       (tf.zeros([8, 32, 32, 1]), tf.zeros([8], tf.int32))).batch(
           8, drop_remainder=True)
   assert training_tf.batches_per_chunk(fixed, 8) == 1
+  # What a round's clients read is chunked: the batches TFF's type gives a
+  # worker, as the clients' pipelines make them (their shape, not data).
+  images = round_tff.batch_type(FedCGConfig())[0]
+  assert images.shape == (None, 32, 32, 1)
+  assert training_tf.batches_per_chunk(spec(images.shape[1:]), 8) == 64
 
 
 def test_networks_builds_only_the_named_networks():
