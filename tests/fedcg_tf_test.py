@@ -373,6 +373,37 @@ def test_client_update_changes_state_and_keeps_seed():
                          server.classifier[0].numpy())
 
 
+def test_client_update_reads_the_same_passes_with_g_in_chunks(monkeypatch):
+  """A client's round counts its examples in one pass over its data, then
+  trains: with stage 1 read in chunks (a `ragged_batch` over the same
+  dataset) each epoch must still get the pass it got before, not replay
+  the counting pass's order. The round's E and C with G on 8 examples a
+  call (one batch: as before the chunks) and on 512 agree to float
+  rounding, on the real client pipeline (reshuffled each pass)."""
+  config = dataclasses.replace(TINY, local_epochs=2)
+  rng = np.random.default_rng(4)
+  images = rng.integers(0, 256, (52, 28, 28, 1)).astype(np.uint8)
+  split = image_task.ClientSplit((images, rng.integers(0, 10, 52)),
+                                 (images[:4], np.zeros(4, np.int64)),
+                                 (images[:4], np.zeros(4, np.int64)))
+  task = image_task.FederatedImageTask('t', (split,), 10, 1, seed=5,
+                                       mean=(0.5,), std=(0.5,))
+  server = fedcg_tf.initial_server_state(config, ())
+  z, y = fedcg_tf.distillation_inputs(config, 0)
+  message = fedcg_tf.ServerMessage(server.generator, server.classifier,
+                                   tf.constant(30), z, y)
+  state = fedcg_tf.initial_client_state(config, 11)
+  weights = []
+  for chunk in (8, 512):
+    monkeypatch.setattr(training_tf, 'FROZEN_CHUNK_EXAMPLES', chunk)
+    out = fedcg_tf.client_update(fedcg_tf.PartyNetworks(config), message,
+                                 state, task.train_datasets(3, 8)[0])
+    weights.append([w.numpy() for w in out.state.extractor +
+                    out.state.classifier])
+  for a, b in zip(*weights):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize('distance,rounds,replay', [
     ('none', (2, 5), True),  # Stage 2's noise: other seed, other round.
     ('mse', (3, 3), True),  # Stage 1's noise too (the same gamma).
