@@ -95,6 +95,18 @@ def test_stage1_lowers_classification_loss(distance):
     np.testing.assert_array_equal(a, b.numpy())
 
 
+def _client_task():
+  """One client of 52 random 28x28 images on the real client pipeline
+  (reshuffled and flipped each pass): batches of 8 end with a short one."""
+  rng = np.random.default_rng(4)
+  images = rng.integers(0, 256, (52, 28, 28, 1)).astype(np.uint8)
+  split = image_task.ClientSplit((images, rng.integers(0, 10, 52)),
+                                 (images[:4], np.zeros(4, np.int64)),
+                                 (images[:4], np.zeros(4, np.int64)))
+  return image_task.FederatedImageTask('t', (split,), 10, 1, seed=5,
+                                       mean=(0.5,), std=(0.5,))
+
+
 def _unknown_image_size(dataset):
   return dataset.map(lambda x, y: (tf.ensure_shape(
       tf.py_function(tf.identity, [x], tf.float32), [None, None, None, 1]), y))
@@ -114,13 +126,7 @@ def test_stage1_runs_g_in_chunks_with_each_steps_numbers(
   so that the last batch and the last chunk are short. Batches whose image
   size or batch size is not `[None, known]` run G in each step."""
   config = dataclasses.replace(TINY, local_epochs=3, lr=3e-3)
-  rng = np.random.default_rng(4)
-  images = rng.integers(0, 256, (52, 28, 28, 1)).astype(np.uint8)
-  split = image_task.ClientSplit((images, rng.integers(0, 10, 52)),
-                                 (images[:4], np.zeros(4, np.int64)),
-                                 (images[:4], np.zeros(4, np.int64)))
-  task = image_task.FederatedImageTask('t', (split,), 10, 1, seed=5,
-                                       mean=(0.5,), std=(0.5,))
+  task = _client_task()
   state = fedcg_tf.initial_client_state(config, 1)
   seed, round_num = tf.constant(7, tf.int64), tf.constant(3)
 
@@ -381,13 +387,7 @@ def test_client_update_reads_the_same_passes_with_g_in_chunks(monkeypatch):
   call (one batch: as before the chunks) and on 512 agree to float
   rounding, on the real client pipeline (reshuffled each pass)."""
   config = dataclasses.replace(TINY, local_epochs=2)
-  rng = np.random.default_rng(4)
-  images = rng.integers(0, 256, (52, 28, 28, 1)).astype(np.uint8)
-  split = image_task.ClientSplit((images, rng.integers(0, 10, 52)),
-                                 (images[:4], np.zeros(4, np.int64)),
-                                 (images[:4], np.zeros(4, np.int64)))
-  task = image_task.FederatedImageTask('t', (split,), 10, 1, seed=5,
-                                       mean=(0.5,), std=(0.5,))
+  task = _client_task()
   server = fedcg_tf.initial_server_state(config, ())
   z, y = fedcg_tf.distillation_inputs(config, 0)
   message = fedcg_tf.ServerMessage(server.generator, server.classifier,
