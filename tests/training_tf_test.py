@@ -42,6 +42,44 @@ def test_frozen_network_chunks_hold_512_examples_of_known_size_only():
   assert training_tf.batches_per_chunk(spec(images.shape[1:]), 8) == 64
 
 
+@pytest.mark.parametrize('chunk_examples,calls_per_epoch', [
+    (8, 7), (16, 4), (512, 1)])
+def test_frozen_network_runs_once_a_chunk(chunk_examples, calls_per_epoch,
+                                          monkeypatch):
+  """The network of a FrozenNetworkLoss runs once for each chunk of an
+  epoch (52 examples in 7 batches of 8), once a step below two batches;
+  the equality tests (fedcg_tf_test) cannot see a loop that silently runs
+  it once a step."""
+  monkeypatch.setattr(training_tf, 'FROZEN_CHUNK_EXAMPLES', chunk_examples)
+  config = FedCGConfig(batch_size=8)
+  nets = training_tf.PartyNetworks(config, ('extractor', 'classifier'))
+  calls = tf.Variable(0)
+  rows = tf.Variable(0)
+
+  def network(draws, labels):
+    del labels
+    calls.assign_add(1)
+    rows.assign_add(tf.shape(draws)[0])
+    return draws
+
+  loss = training_tf.FrozenNetworkLoss(
+      draws=lambda labels, step: tf.fill([tf.shape(labels)[0]], step),
+      network=network,
+      loss=lambda features, labels, draws, outputs: tf.cast(
+          tf.reduce_sum(outputs - draws), tf.float32))
+  dataset = tf.data.Dataset.from_tensor_slices(
+      (tf.zeros([52, 32, 32, 1]), tf.zeros([52], tf.int32))).batch(8)
+  state = training_tf.classification_optimizer(config).initialize(
+      [tf.TensorSpec(v.shape, v.dtype) for v in
+       nets.extractor.trainable_variables +
+       nets.classifier.trainable_variables])
+  _, _, extra = tf.function(lambda: training_tf.train_classifier(
+      nets, state, dataset, 2, loss))()
+  assert int(calls.numpy()) == 2 * calls_per_epoch
+  assert int(rows.numpy()) == 2 * 52
+  assert float(extra) == 0.0  # Each step saw its own draws' outputs.
+
+
 def test_networks_builds_only_the_named_networks():
   nets = training_tf.PartyNetworks(FedCGConfig(), ('classifier', 'extractor'))
   assert nets.extractor.name == 'extractor'
