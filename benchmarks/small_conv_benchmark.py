@@ -6,8 +6,12 @@ For each stride-1 VALID convolution of the LeNet GAN (2x2 kernels) and of
 the ResNet one (4x4 kernels), at batch 8 on one intra-op thread (as in a
 TFF worker running one client per core), prints the CPU time of a forward
 pass plus both gradients, in a compiled loop, with `tf.nn.conv2d` /
-`tf.nn.conv2d_transpose` and with `small_conv`; then the CPU time of a
-whole FedCG GAN epoch (2000 images) with the Keras layers and with ours.
+`tf.nn.conv2d_transpose` and with `small_conv`, its products in the
+orientation `small_conv.times_transposed` picks and in TF's own; then
+a @ b^T both ways for the GAN's shapes of it (few rows in a, a weight
+matrix b), which is what ORIENT_MAX_ROWS and ORIENT_MIN_WEIGHTS rest on;
+then the CPU time of a whole FedCG GAN epoch (2000 images) with the Keras
+layers and with ours.
 """
 
 import time
@@ -27,6 +31,16 @@ CONVS = [(5, 26, 128, 2), (4, 128, 256, 2), (3, 256, 512, 2), (2, 512, 1, 2),
          (7, 256, 512, 4), (4, 512, 1, 4)]
 TRANSPOSED = [(1, 110, 512, 2), (2, 512, 256, 2), (3, 256, 128, 2),
               (4, 128, 16, 2), (1, 110, 512, 4), (4, 512, 256, 4)]
+# a @ b^T as (rows of a, b's shape), b [n, k] a weight matrix: D's input
+# gradients (conv1-3) at batch 8 and 16 (the G step's and the paired D
+# step's); G's transposed convs (deconv1, deconv4; deconv2 and deconv3 have
+# the shapes of D's conv3 and conv2 at batch 8) at batch 8 and on stage 1's
+# chunks of 512 examples; the ORIENT_MAX_ROWS boundary.
+PRODUCTS = [(128, (104, 128)), (72, (512, 256)), (32, (1024, 512)),
+            (256, (104, 128)), (144, (512, 256)), (64, (1024, 512)),
+            (8, (2048, 110)), (128, (64, 128)),
+            (512, (2048, 110)), (2048, (1024, 512)), (4608, (512, 256)),
+            (256, (1024, 512)), (257, (1024, 512))]
 
 
 def _cpu_ms_per_step(conv, x, kernel):
@@ -48,6 +62,43 @@ def _cpu_ms_per_step(conv, x, kernel):
   start = time.process_time()
   loop(x, kernel)
   return (time.process_time() - start) / REPEATS * 1e3
+
+
+def _product_us(product, a, b, repeats=200):
+  """Best of 5 wall-clock us of product(a, b), in a tf.function loop."""
+
+  @tf.function
+  def loop(a, b):
+    total = tf.constant(0.0)
+    for _ in tf.range(repeats):
+      total += tf.reduce_sum(product(a + 0.0 * total, b))
+    return total
+
+  loop(a, b)
+  best = float('inf')
+  for _ in range(5):
+    start = time.perf_counter()
+    loop(a, b).numpy()
+    best = min(best, time.perf_counter() - start)
+  return best / repeats * 1e6
+
+
+def _orientation_table(rng):
+  print('a @ b^T, one thread, best of 5 x 200 calls: us (GFLOP/s)')
+  print('  rows of a  b          a @ b^T          (b @ a^T)^T    picked')
+  for rows, shape in PRODUCTS:
+    a = tf.constant(rng.normal(size=(rows, shape[1])), tf.float32)
+    b = tf.constant(rng.normal(size=shape), tf.float32)
+    flops = 2 * rows * shape[0] * shape[1]
+    direct = _product_us(lambda a, b: tf.matmul(a, b, transpose_b=True), a, b)
+    swapped = _product_us(
+        lambda a, b: tf.transpose(tf.matmul(b, a, transpose_b=True)), a, b)
+    picked = ('swapped' if 'Transpose' in [
+        op.type for op in tf.function(small_conv.times_transposed)
+        .get_concrete_function(a, b).graph.get_operations()] else 'direct')
+    print(f'  {rows:9d}  {shape[0]:4d}x{shape[1]:<4d}  '
+          f'{direct:7.0f} ({flops / direct / 1e3:3.0f})  '
+          f'{swapped:7.0f} ({flops / swapped / 1e3:3.0f})  {picked}')
 
 
 def _gan_epoch_cpu_seconds(repeats=5):
@@ -80,13 +131,23 @@ def _gan_epoch_cpu_seconds(repeats=5):
   return {name: float(np.median(t)) for name, t in times.items()}
 
 
+def _tf_oriented(fn, *args):
+  """fn(*args) with small_conv's products traced in TF's orientation."""
+  small_conv.ORIENTED_PRODUCTS = False
+  try:
+    return fn(*args)
+  finally:
+    small_conv.ORIENTED_PRODUCTS = True
+
+
 def main():
   tf.get_logger().setLevel('ERROR')  # One loop is traced per shape, on purpose.
   tf.config.threading.set_intra_op_parallelism_threads(1)
   tf.config.threading.set_inter_op_parallelism_threads(1)
   rng = np.random.default_rng(0)
   print(f'forward + both gradients, batch {BATCH}, CPU ms per step:')
-  print('  kind       input         kernel   tf.nn  small_conv')
+  print('  kind       input         kernel   tf.nn  small_conv  '
+        "(TF's orientation)")
   for transposed, shapes in ((False, CONVS), (True, TRANSPOSED)):
     for size, c_in, c_out, k in shapes:
       x = tf.constant(rng.normal(size=(BATCH, size, size, c_in)), tf.float32)
@@ -103,7 +164,9 @@ def main():
       print(f'  {"transpose" if transposed else "conv":9s}  '
             f'{size}x{size}x{c_in:<4d}  {k}x{k}->{c_out:<4d} '
             f'{_cpu_ms_per_step(native, x, kernel):6.3f}  '
-            f'{_cpu_ms_per_step(ours, x, kernel):6.3f}')
+            f'{_cpu_ms_per_step(ours, x, kernel):10.3f}  '
+            f'{_tf_oriented(_cpu_ms_per_step, ours, x, kernel):6.3f}')
+  _orientation_table(rng)
   epoch = _gan_epoch_cpu_seconds()
   print('GAN epoch (2000 images, batch 8), median CPU s: '
         f'Keras layers {epoch["keras"]:.2f}, '

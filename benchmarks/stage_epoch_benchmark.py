@@ -6,13 +6,15 @@ speed change chooses between, timed interleaved (this VM's speed drifts).
   TF_ENABLE_ONEDNN_OPTS=0 .venv/bin/python -m benchmarks.stage_epoch_benchmark
 
 Variants: D's real and fake passes paired into one stacked call
-(`layers.paired_passes`, the default) or as two calls; stage 1's frozen G
-run on a chunk of steps' examples at once (`training_tf.FrozenNetworkLoss`:
-512 examples a call, the default, or a whole epoch's 2000) or once a step
-(8 a call, as before the chunks); the same for a FedGen client's update
-(one local epoch, the frozen G feeding C). The host's CPU model
-is printed with the figures. Random images stand in for FMNIST: the cost
-does not depend on pixel values.
+(`layers.paired_passes`, the default) or as two calls; the GAN's products
+in the orientation oneDNN runs fastest (`small_conv.times_transposed`, the
+default) or in TF's own; stage 1's frozen G run on a chunk of steps'
+examples at once (`training_tf.FrozenNetworkLoss`: 512 examples a call,
+the default, or a whole epoch's 2000) or once a step (8 a call, as before
+the chunks); the same for a FedGen client's update (one local epoch, the
+frozen G feeding C). The host's CPU model is printed with the figures.
+Random images stand in for FMNIST: the cost does not depend on pixel
+values.
 """
 
 import functools
@@ -29,6 +31,7 @@ from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.execution import devices
 from fedcg_tff.models import model_weights
+from fedcg_tff.models import small_conv
 
 REPEATS = 5
 
@@ -39,12 +42,16 @@ def main():
   config = FedCGConfig(local_epochs=1, gan_epochs=1)
   dataset = synthetic.client_dataset(config.batch_size)
   epochs = {}
-  for paired in (True, False):
-    fedcg_tf.PAIRED_D_PASSES = paired  # Read when the loop is traced.
+  for paired, oriented in ((True, True), (False, True), (True, False)):
+    # Both flags are read when the loop is traced.
+    fedcg_tf.PAIRED_D_PASSES = paired
+    small_conv.ORIENTED_PRODUCTS = oriented
     epoch = synthetic.gan_epoch(config, dataset)
     epoch()  # Trace.
-    epochs[f'stage 2, {"paired" if paired else "two"} D passes'] = epoch
+    name = f'stage 2, {"paired" if paired else "two"} D passes'
+    epochs[name + ('' if oriented else ", TF's product orientation")] = epoch
   fedcg_tf.PAIRED_D_PASSES = True
+  small_conv.ORIENTED_PRODUCTS = True
   nets = fedcg_tf.PartyNetworks(config)
   state = fedcg_tf.initial_client_state(config, 1)
   default_chunk = training_tf.FROZEN_CHUNK_EXAMPLES
@@ -82,7 +89,7 @@ def main():
         f'of one client, 2000 images, batch 8, one thread; median of {REPEATS} '
         'interleaved runs, CPU seconds:')
   for name, values in times.items():
-    print(f'  {name:36s} {np.median(values):6.2f} s  '
+    print(f'  {name:56s} {np.median(values):6.2f} s  '
           f'(range {min(values):.2f}-{max(values):.2f})')
 
 

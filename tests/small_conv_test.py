@@ -10,11 +10,11 @@ from fedcg_tff.models import small_conv
 
 def _value_and_grads(fn, x, kernel):
   """fn(x, kernel), and the gradients of a non-uniform loss of it."""
-  x, kernel = tf.constant(x), tf.constant(kernel)
+  x, kernel = tf.convert_to_tensor(x), tf.convert_to_tensor(kernel)
   with tf.GradientTape() as tape:
     tape.watch([x, kernel])
     y = fn(x, kernel)
-    weights = tf.reshape(tf.range(tf.size(y), dtype=tf.float32), y.shape)
+    weights = tf.reshape(tf.range(tf.size(y), dtype=tf.float32), tf.shape(y))
     loss = tf.reduce_sum(tf.sin(weights) * y * y)
   return [y] + tape.gradient(loss, [x, kernel])
 
@@ -143,3 +143,75 @@ def test_small_conv_transpose_layer_matches_keras_layer(strides, padding,
     return [y] + tape.gradient(loss, [x] + model.trainable_weights)
 
   _assert_all_close(value_and_grads(ours), value_and_grads(keras))
+
+
+def _ops(fn, *signature):
+  graph = tf.function(fn).get_concrete_function(*signature).graph
+  ops = [op.type for op in graph.get_operations()]
+  for function in graph.as_graph_def().library.function:  # tf.cond branches
+    ops += [node.op for node in function.node_def]
+  return ops
+
+
+@pytest.mark.parametrize('rows,weights,swapped', [
+    (32, (1024, 512), True), (256, (1024, 512), True),
+    (257, (1024, 512), False), (32, (128, 104), False)])
+def test_times_transposed_swaps_few_rows_by_a_large_matrix(rows, weights,
+                                                           swapped):
+  """(b a^T)^T where oneDNN runs it faster (ORIENT_MAX_ROWS), else a b^T;
+  with the row count known when traced, the choice is made then."""
+  rng = np.random.default_rng(2)
+  a = tf.constant(rng.normal(size=(rows, weights[1])).astype(np.float32))
+  b = tf.constant(rng.normal(size=weights).astype(np.float32))
+  ops = _ops(small_conv.times_transposed, tf.TensorSpec(a.shape),
+             tf.TensorSpec(b.shape))
+  assert ops.count('Transpose') == int(swapped)
+  assert ops.count('MatMul') == 1
+  _assert_all_close([small_conv.times_transposed(a, b)],
+                    [tf.matmul(a, b, transpose_b=True)])
+
+
+def test_times_transposed_chooses_when_run_if_rows_unknown():
+  rng = np.random.default_rng(3)
+  b = tf.constant(rng.normal(size=(1024, 512)).astype(np.float32))
+  fn = tf.function(small_conv.times_transposed,
+                   input_signature=[tf.TensorSpec([None, 512]),
+                                    tf.TensorSpec(b.shape)])
+  ops = _ops(fn, tf.TensorSpec([None, 512]), tf.TensorSpec(b.shape))
+  assert ops.count('Transpose') == 1 and ops.count('MatMul') == 2
+  assert any(op in ('If', 'StatelessIf') for op in ops)
+  for rows in (8, 256, 257, 600):
+    a = tf.constant(rng.normal(size=(rows, 512)).astype(np.float32))
+    _assert_all_close([fn(a, b)], [tf.matmul(a, b, transpose_b=True)])
+
+
+def test_times_transposed_can_be_turned_off(monkeypatch):
+  monkeypatch.setattr(small_conv, 'ORIENTED_PRODUCTS', False)
+  ops = _ops(small_conv.times_transposed, tf.TensorSpec([32, 512]),
+             tf.TensorSpec([1024, 512]))
+  assert 'Transpose' not in ops
+
+
+@pytest.mark.parametrize('batch', [8, 80])
+def test_convs_with_unknown_batch_match_tf_in_both_orientations(batch):
+  """As in the GAN step (batch unknown when traced): conv2d's input
+  gradient and conv2d_transpose's product go through times_transposed's
+  tf.cond; 8 and 80 examples fall on either side of ORIENT_MAX_ROWS."""
+  rng = np.random.default_rng(4)
+  spec = lambda shape: tf.TensorSpec([None] + shape)
+  kernel = tf.constant(rng.normal(size=(2, 2, 256, 512)).astype(np.float32))
+  x = rng.normal(size=(batch, 3, 3, 256)).astype(np.float32)
+  conv = tf.function(lambda a, k: _value_and_grads(small_conv.conv2d, a, k),
+                     input_signature=[spec([3, 3, 256]),
+                                      tf.TensorSpec(kernel.shape)])
+  _assert_all_close(conv(x, kernel), _value_and_grads(
+      lambda a, k: tf.nn.conv2d(a, k, 1, 'VALID'), x, kernel))
+  kernel_t = tf.constant(
+      rng.normal(size=(2, 2, 512, 256)).astype(np.float32))
+  x_t = rng.normal(size=(batch, 2, 2, 256)).astype(np.float32)
+  conv_t = tf.function(
+      lambda a, k: _value_and_grads(small_conv.conv2d_transpose, a, k),
+      input_signature=[spec([2, 2, 256]), tf.TensorSpec(kernel_t.shape)])
+  _assert_all_close(conv_t(x_t, kernel_t), _value_and_grads(
+      lambda a, k: tf.nn.conv2d_transpose(a, k, [batch, 3, 3, 512], 1,
+                                          'VALID'), x_t, kernel_t))

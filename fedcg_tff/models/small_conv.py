@@ -12,13 +12,31 @@ at batch 8) took 4.2 s of CPU instead of 8.1 s on this machine
 Both functions compute exactly the convolution of `tf.nn.conv2d` /
 `tf.nn.conv2d_transpose` with stride 1, VALID padding and no dilation (the
 same sums, accumulated in another order, so results agree to float rounding),
-and their gradients are TensorFlow's own gradients of slices, pads and
-`MatMul`. `applies` says when a Keras layer and its input allow them.
+and their gradients are TensorFlow's own for the slices and pads and, for
+the products, the products TensorFlow's gradient takes, each run in the
+orientation oneDNN runs fastest (`times_transposed`). `applies` says when a
+Keras layer and its input allow them.
 """
 
 import tensorflow as tf
 
 from fedcg_tff import graph_code
+
+# Whether `times_transposed` may compute a @ b^T as (b @ a^T)^T; read at
+# trace time (False only to compare the two: tests, benchmarks).
+ORIENTED_PRODUCTS = True
+# When it does: a has at most this many rows and b at least this many
+# elements. On the AMD EPYC Zen 3 host (AVX2, 2026-12-05; one thread, best
+# of 5 x 200 calls; benchmarks/small_conv_benchmark.py, figures in
+# results/benchmarks/product_orientation_amd_zen3_avx2_20261205.txt), TF's
+# oneDNN sgemm ran a @ b^T with a [32, 512] and b [1024, 512] (G's second
+# transposed conv, D's third conv's input gradient at batch 8) at 15
+# GFLOP/s and its swap at 82; at batch 16 (a [64, 512]) at 22 and 81. At
+# 512 or more rows of a, or b of 8-13 k weights (D's first conv, G's
+# last), the swap was the slower, by up to 1.6x. The other hosts were not
+# measured.
+ORIENT_MAX_ROWS = 256
+ORIENT_MIN_WEIGHTS = 65536
 
 
 @graph_code.plain
@@ -47,8 +65,8 @@ def conv2d(x, kernel):
   # StridedSliceGrad of strided slices.
   patches = tf.concat([tf.slice(x, [0, i, j, 0], [-1, out_h, out_w, -1])
                        for i in range(kh) for j in range(kw)], axis=-1)
-  y = tf.matmul(tf.reshape(patches, [-1, kh * kw * c_in]),
-                tf.reshape(kernel, [kh * kw * c_in, c_out]))
+  y = _patch_product(tf.reshape(patches, [-1, kh * kw * c_in]),
+                     tf.reshape(kernel, [kh * kw * c_in, c_out]))
   return tf.reshape(y, [-1, out_h, out_w, c_out])
 
 
@@ -63,9 +81,8 @@ def conv2d_transpose(x, kernel):
   """
   kh, kw, c_out, c_in = kernel.shape
   in_h, in_w = x.shape[1], x.shape[2]
-  taps = tf.matmul(tf.reshape(x, [-1, c_in]),
-                   tf.reshape(kernel, [kh * kw * c_out, c_in]),
-                   transpose_b=True)
+  taps = _tap_product(tf.reshape(x, [-1, c_in]),
+                      tf.reshape(kernel, [kh * kw * c_out, c_in]))
   # Unstacked, not sliced: the gradient is one Pack instead of a
   # StridedSliceGrad per tap.
   taps = tf.unstack(tf.reshape(taps, [-1, in_h, in_w, kh * kw, c_out]),
@@ -74,3 +91,48 @@ def conv2d_transpose(x, kernel):
       tf.pad(taps[i * kw + j],
              [[0, 0], [i, kh - 1 - i], [j, kw - 1 - j], [0, 0]])
       for i in range(kh) for j in range(kw)])
+
+
+@graph_code.plain
+def times_transposed(a, b):
+  """a @ b^T for a `[m, k]` and b `[n, k]` (a weight matrix).
+
+  oneDNN's sgemm runs this product slowly when a has few rows and b is
+  large (see ORIENT_MAX_ROWS), and fast as b @ a^T, whose small result is
+  then transposed: the same sums, accumulated in another order. The row
+  count is usually known only when the graph runs (the batch), so the
+  choice is then a `tf.cond`.
+  """
+  direct = lambda: tf.matmul(a, b, transpose_b=True)
+  if not ORIENTED_PRODUCTS or b.shape.num_elements() < ORIENT_MIN_WEIGHTS:
+    return direct()
+  swapped = lambda: tf.transpose(tf.matmul(b, a, transpose_b=True))
+  if a.shape[0] is not None:
+    return swapped() if a.shape[0] <= ORIENT_MAX_ROWS else direct()
+  return tf.cond(tf.shape(a)[0] <= ORIENT_MAX_ROWS, swapped, direct)
+
+
+# The two products below differ from `tf.matmul` only in their gradients'
+# orientation: TF's own gradient of p @ w computes dp = dy @ w^T as the slow
+# orientation above, and its gradient of x @ k^T is x's forward product.
+
+
+@tf.custom_gradient
+def _patch_product(patches, matrix):
+  """patches @ matrix, with dpatches by `times_transposed`."""
+
+  def gradient(dy):
+    return (times_transposed(dy, matrix),
+            tf.matmul(patches, dy, transpose_a=True))
+
+  return tf.matmul(patches, matrix), gradient
+
+
+@tf.custom_gradient
+def _tap_product(x, matrix):
+  """x @ matrix^T by `times_transposed`, with TF's gradients of it."""
+
+  def gradient(dtaps):
+    return tf.matmul(dtaps, matrix), tf.matmul(dtaps, x, transpose_a=True)
+
+  return times_transposed(x, matrix), gradient
