@@ -81,16 +81,18 @@ def test_layers_take_maps_of_unknown_size():
   assert model(tf.zeros([2, 6, 7, 3])).shape == (2, 6, 7, 5)
 
 
-@pytest.mark.parametrize('strides,padding,use_bias,training', [
-    (1, 'valid', False, False), (2, 'same', False, False),
-    (1, 'valid', True, False), (1, 'valid', False, True),
-    (2, 'same', False, True)])
-def test_spectral_norm_conv_is_conv_by_normalised_kernel(strides, padding,
-                                                         use_bias, training):
+@pytest.mark.parametrize('strides,padding,use_bias,training,iterations', [
+    (1, 'valid', False, False, 1), (2, 'same', False, False, 1),
+    (1, 'valid', True, False, 1), (1, 'valid', False, True, 1),
+    (1, 'valid', True, True, 2), (2, 'same', False, True, 1)])
+def test_spectral_norm_conv_is_conv_by_normalised_kernel(
+    strides, padding, use_bias, training, iterations):
   """Both the small_conv path and Keras' path, in values and gradients; in
-  training both sides start from the same u and take one power step."""
+  training both sides start from the same u and take the same power
+  steps."""
   layer = layers.SpectralNormConv2D(16, 2, strides, padding=padding,
-                                      use_bias=use_bias, activation='tanh')
+                                    use_bias=use_bias, activation='tanh',
+                                    power_iterations=iterations)
   x = tf.random.stateless_normal([4, 5, 5, 8], [0, 1])
   layer.build(x.shape)
   layer.kernel.assign(tf.random.stateless_normal(layer.kernel.shape, [0, 2]))
@@ -215,3 +217,62 @@ def test_convs_with_unknown_batch_match_tf_in_both_orientations(batch):
   _assert_all_close(conv_t(x_t, kernel_t), _value_and_grads(
       lambda a, k: tf.nn.conv2d_transpose(a, k, [batch, 3, 3, 512], 1,
                                           'VALID'), x_t, kernel_t))
+
+
+@pytest.mark.parametrize('paired', [False, True])
+def test_spectral_norm_conv_kernel_gradient_is_one_product(paired):
+  """In training, each pass's sigma adds its rank-one term to W's gradient
+  inside the conv's kernel-gradient product (layers._divided_product), not
+  as kernel-sized products of its own summed after."""
+  layer = layers.SpectralNormConv2D(512, 2, use_bias=False)
+  layer.build((None, 3, 3, 256))
+
+  @tf.function
+  def kernel_gradient(x):
+    with tf.GradientTape() as tape:
+      if paired:
+        with layers.paired_passes():
+          y = layer(x, training=True)
+      else:
+        y = layer(x, training=True)
+      loss = tf.reduce_sum(y * y)
+    return tape.gradient(loss, layer.kernel)
+
+  graph = kernel_gradient.get_concrete_function(
+      tf.TensorSpec([None, 3, 3, 256])).graph
+  kernel_sized = [op for op in graph.get_operations() if op.type == 'MatMul'
+                  and op.outputs[0].shape == (1024, 512)]
+  assert len(kernel_sized) == 1
+
+
+def test_paired_spectral_norm_conv_equals_two_calls():
+  """Two passes stacked (layers.paired_passes): each pass its own power step
+  (the second from the first's u) and sigma, and its own rank-one term in
+  W's gradient, in values and gradients against two training calls."""
+  x = tf.random.stateless_normal([6, 3, 3, 32], [0, 6])
+  copies = []
+  for _ in range(2):
+    layer = layers.SpectralNormConv2D(64, 2, use_bias=False)
+    layer.build(x.shape)
+    layer.kernel.assign(tf.random.stateless_normal(layer.kernel.shape, [0, 7]))
+    layer.sn_u.assign(tf.random.stateless_normal(layer.sn_u.shape, [0, 8]))
+    copies.append(layer)
+
+  def value_and_grads(layer, call):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = call(layer)
+      # Weighted to make each pass's sigma term a large part of dW.
+      loss = tf.reduce_sum(tf.sin(y) * y) + 10.0 * tf.reduce_sum(y[3:])
+    return [y] + tape.gradient(loss, [x, layer.kernel])
+
+  def paired(layer):
+    with layers.paired_passes():
+      return layer(x, training=True)
+
+  got = value_and_grads(copies[0], paired)
+  want = value_and_grads(copies[1], lambda layer: tf.concat(
+      [layer(x[:3], training=True), layer(x[3:], training=True)], 0))
+  _assert_all_close(got, want)
+  np.testing.assert_allclose(copies[0].sn_u.numpy(), copies[1].sn_u.numpy(),
+                             rtol=0, atol=1e-6)

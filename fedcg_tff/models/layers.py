@@ -198,22 +198,21 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
   def _matrix(self):
     return tf.reshape(self.kernel, [-1, self.filters])
 
-  def _power_iteration(self):
-    """`power_iterations` steps from the stored u. Returns the new u (a
-    constant) and v W as a function of W (v a constant). sigma = (v W) u^T
-    needs the very product the last step normalised into u, so it is
-    computed once: one kernel-sized pass fewer per training call, with the
-    values and gradients of recomputing it (tests/lenet_test.py). For D's
-    1024x512 kernel, sigma and its gradient take 177 us instead of 224 us
-    (one thread, median of 5 x 2000 calls, Intel Xeon AVX-512, 2026-12-03)."""
+  def _power_iteration(self, u):
+    """`power_iterations` steps from u. Returns the new u and the last v
+    (constants) and v W as a function of W. sigma = (v W) u^T needs the
+    very product the last step normalised into u, so it is computed once:
+    one kernel-sized pass fewer per training call, with the values and
+    gradients of recomputing it (tests/lenet_test.py). For D's 1024x512
+    kernel, sigma and its gradient take 177 us instead of 224 us (one
+    thread, median of 5 x 2000 calls, Intel Xeon AVX-512, 2026-12-03)."""
     w = self._matrix()
-    u = self.sn_u
     for _ in range(self.power_iterations):
       v = tf.stop_gradient(
           tf.math.l2_normalize(tf.matmul(u, w, transpose_b=True)))
       v_w = tf.matmul(v, w)
       u = tf.stop_gradient(tf.math.l2_normalize(v_w))
-    return u, v_w
+    return u, v, v_w
 
   @graph_code.plain
   def spectral_norm(self, training: bool = False) -> tf.Tensor:
@@ -223,7 +222,7 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
     Gradients flow through W (u and v are constants), as in PyTorch.
     """
     if training:
-      u, v_w = self._power_iteration()
+      u, _, v_w = self._power_iteration(self.sn_u)
       with tf.control_dependencies([self.sn_u.assign(u)]):
         return tf.squeeze(tf.matmul(v_w, u, transpose_b=True))
     w = self._matrix()
@@ -239,6 +238,9 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
     # conv(x, W / sigma) == conv(x, W) / sigma: dividing the small output
     # instead of the kernel (up to 512k weights) saves a kernel-sized division
     # forwards and several kernel-sized ops in the gradient.
+    if small_conv.applies(self, inputs) and training:
+      return _bias_and_activation(self, self._trained_small_conv(
+          inputs, passes=2 if _paired(training) else 1))
     if small_conv.applies(self, inputs):
       outputs = small_conv.conv2d(inputs, self.kernel)
     else:
@@ -252,10 +254,67 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
       outputs = outputs / self.spectral_norm(training=bool(training))
     return _bias_and_activation(self, outputs)
 
+  def _trained_small_conv(self, inputs, passes: int):
+    """The training-mode conv by small_conv, divided by each pass's sigma
+    (`passes` equal parts of the batch: see paired_passes), with the power
+    iteration run once per pass, in order, and u stored after the last.
+
+    Same values as dividing `small_conv.conv2d`'s output by
+    `spectral_norm(training=True)` once per pass, and the same gradients to
+    float rounding, but W's gradient is one product: each sigma's term,
+    v^T u dsigma, is a rank-one [k, c_out] matrix, which TF's gradient
+    makes with a product of its own and then sums with the conv's; here
+    v and u dsigma join the conv's rows (`_divided_product`).
+    """
+    u = self.sn_u
+    vs, us, sigmas = [], [], []
+    for _ in range(passes):
+      u, v, v_w = self._power_iteration(u)
+      vs.append(v)
+      us.append(u)
+      sigmas.append(tf.squeeze(tf.matmul(tf.stop_gradient(v_w), u,
+                                         transpose_b=True)))
+    with tf.control_dependencies([self.sn_u.assign(u)]):
+      return small_conv.conv2d(inputs, self.kernel,
+                               _divided_product(vs, us, sigmas))
+
   def get_config(self):
     config = super().get_config()
     config['power_iterations'] = self.power_iterations
     return config
+
+
+def _divided_product(vs, us, sigmas):
+  """For `small_conv.conv2d`: patches @ W with the h-th of len(sigmas) equal
+  row blocks divided by sigma_h = v_h W u_h^T (v_h, u_h constants).
+
+  dsigma_h / dW = v_h^T u_h, so dW = patches^T dY + sum_h v_h^T (u_h
+  dsigma_h) = [patches; v_1; ...]^T [dY; u_1 dsigma_1; ...]: one product
+  with a row per pass appended, instead of a [k, c_out] product per sigma
+  and their sum (on the Zen 3 host the first pass's took 1.1 ms of a
+  20 ms GAN step for D's 1024 x 512 kernel).
+  """
+
+  @tf.custom_gradient
+  def product(patches, matrix):
+    parts = tf.split(tf.matmul(patches, matrix), len(sigmas))
+    outputs = [part / sigma for part, sigma in zip(parts, sigmas)]
+
+    def gradient(d_outputs):
+      d_outputs = tf.split(d_outputs, len(sigmas))
+      d_product = tf.concat(
+          [d / sigma for d, sigma in zip(d_outputs, sigmas)], 0)
+      d_sigmas = [-tf.reduce_sum(d * out) / sigma
+                  for d, out, sigma in zip(d_outputs, outputs, sigmas)]
+      d_matrix = tf.matmul(
+          tf.concat([patches] + vs, 0),
+          tf.concat([d_product] + [d * u for d, u in zip(d_sigmas, us)], 0),
+          transpose_a=True)
+      return small_conv.times_transposed(d_product, matrix), d_matrix
+
+    return tf.concat(outputs, 0), gradient
+
+  return product
 
 
 class SmallConv2DTranspose(tf.keras.layers.Conv2DTranspose):

@@ -52,12 +52,14 @@ def applies(layer: tf.keras.layers.Layer, inputs) -> bool:
 
 
 @graph_code.plain
-def conv2d(x, kernel):
+def conv2d(x, kernel, product=None):
   """`tf.nn.conv2d(x, kernel, 1, 'VALID')` as patches @ kernel.
 
   `kernel` is `[kh, kw, c_in, c_out]`. The patches are the kh * kw shifted
   windows of `x`, concatenated on the channel axis in the kernel's
   (row, column, channel) order, so the kernel reshapes to the matrix as is.
+  `product(patches, matrix)` replaces the plain product where the caller
+  folds more into it (the spectral norm's division by sigma).
   """
   kh, kw, c_in, c_out = kernel.shape
   out_h, out_w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
@@ -65,8 +67,9 @@ def conv2d(x, kernel):
   # StridedSliceGrad of strided slices.
   patches = tf.concat([tf.slice(x, [0, i, j, 0], [-1, out_h, out_w, -1])
                        for i in range(kh) for j in range(kw)], axis=-1)
-  y = _patch_product(tf.reshape(patches, [-1, kh * kw * c_in]),
-                     tf.reshape(kernel, [kh * kw * c_in, c_out]))
+  y = (product or _patch_product)(
+      tf.reshape(patches, [-1, kh * kw * c_in]),
+      tf.reshape(kernel, [kh * kw * c_in, c_out]))
   return tf.reshape(y, [-1, out_h, out_w, c_out])
 
 
