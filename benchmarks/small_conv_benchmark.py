@@ -133,11 +133,12 @@ def _gan_epoch_cpu_seconds(repeats=5):
 
 def _tf_oriented(fn, *args):
   """fn(*args) with small_conv's products traced in TF's orientation."""
+  previous = small_conv.ORIENTED_PRODUCTS
   small_conv.ORIENTED_PRODUCTS = False
   try:
     return fn(*args)
   finally:
-    small_conv.ORIENTED_PRODUCTS = True
+    small_conv.ORIENTED_PRODUCTS = previous
 
 
 def main():

@@ -19,6 +19,16 @@ def _value_and_grads(fn, x, kernel):
   return [y] + tape.gradient(loss, [x, kernel])
 
 
+def _layer_value_and_grads(layer, x, call,
+                           loss=lambda y: tf.reduce_sum(tf.sin(y) * y)):
+  """call()'s value and the gradients of loss(value) for x and the kernel."""
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = call()
+    value = loss(y)
+  return [y] + tape.gradient(value, [x, layer.kernel])
+
+
 def _assert_all_close(got, want):
   for g, w in zip(got, want):
     assert g.shape == w.shape
@@ -101,18 +111,11 @@ def test_spectral_norm_conv_is_conv_by_normalised_kernel(
     layer.bias.assign(tf.random.stateless_normal(layer.bias.shape, [0, 5]))
     bias = layer.bias
 
-  def value_and_grads(fn):
-    with tf.GradientTape() as tape:
-      tape.watch(x)
-      y = fn()
-      loss = tf.reduce_sum(tf.sin(y) * y)
-    return [y] + tape.gradient(loss, [x, layer.kernel])
-
   u = tf.constant(layer.sn_u)
-  got = value_and_grads(lambda: layer(x, training=training))
+  got = _layer_value_and_grads(layer, x, lambda: layer(x, training=training))
   u_after = tf.constant(layer.sn_u)
   layer.sn_u.assign(u)
-  want = value_and_grads(lambda: tf.tanh(bias + tf.nn.conv2d(
+  want = _layer_value_and_grads(layer, x, lambda: tf.tanh(bias + tf.nn.conv2d(
       x, layer.normalized_kernel(training=training), strides,
       padding.upper())))
   _assert_all_close(got, want)
@@ -174,17 +177,27 @@ def test_times_transposed_swaps_few_rows_by_a_large_matrix(rows, weights,
 
 
 def test_times_transposed_chooses_when_run_if_rows_unknown():
+  """Both branches give the same values, so which one ran is read from the
+  graph: the swap (a Transpose) must sit in the branch taken at up to
+  ORIENT_MAX_ROWS rows, and the predicate must hold there."""
   rng = np.random.default_rng(3)
   b = tf.constant(rng.normal(size=(1024, 512)).astype(np.float32))
   fn = tf.function(small_conv.times_transposed,
                    input_signature=[tf.TensorSpec([None, 512]),
                                     tf.TensorSpec(b.shape)])
-  ops = _ops(fn, tf.TensorSpec([None, 512]), tf.TensorSpec(b.shape))
-  assert ops.count('Transpose') == 1 and ops.count('MatMul') == 2
-  assert any(op in ('If', 'StatelessIf') for op in ops)
-  for rows in (8, 256, 257, 600):
+  graph = fn.get_concrete_function().graph
+  (cond,) = [op for op in graph.get_operations()
+             if op.type in ('If', 'StatelessIf')]
+  branches = {f.signature.name: [node.op for node in f.node_def]
+              for f in graph.as_graph_def().library.function}
+  assert 'Transpose' in branches[cond.get_attr('then_branch').name]
+  assert 'Transpose' not in branches[cond.get_attr('else_branch').name]
+  swaps = tf.function(lambda a: small_conv._swaps(a, b),  # pylint: disable=protected-access
+                      input_signature=[tf.TensorSpec([None, 512])])
+  for rows, swapped in ((8, True), (256, True), (257, False), (600, False)):
     a = tf.constant(rng.normal(size=(rows, 512)).astype(np.float32))
     _assert_all_close([fn(a, b)], [tf.matmul(a, b, transpose_b=True)])
+    assert bool(swaps(a)) == swapped
 
 
 def test_times_transposed_can_be_turned_off(monkeypatch):
@@ -222,7 +235,7 @@ def test_convs_with_unknown_batch_match_tf_in_both_orientations(batch):
 @pytest.mark.parametrize('paired', [False, True])
 def test_spectral_norm_conv_kernel_gradient_is_one_product(paired):
   """In training, each pass's sigma adds its rank-one term to W's gradient
-  inside the conv's kernel-gradient product (layers._divided_product), not
+  inside the conv's kernel-gradient product (layers._sigma_divided_product), not
   as kernel-sized products of its own summed after."""
   layer = layers.SpectralNormConv2D(512, 2, use_bias=False)
   layer.build((None, 3, 3, 256))
@@ -245,34 +258,52 @@ def test_spectral_norm_conv_kernel_gradient_is_one_product(paired):
   assert len(kernel_sized) == 1
 
 
-def test_paired_spectral_norm_conv_equals_two_calls():
+def test_trained_spectral_norm_conv_on_a_large_kernel_matches_tf():
+  """D's third conv at batch 8 in training: its input gradient takes the
+  swapped product (32 rows, a 1024 x 512 kernel) inside the sigma-divided
+  product; values and gradients against tf.nn.conv2d by the normalised
+  kernel, from the same u."""
+  layer = layers.SpectralNormConv2D(512, 2, use_bias=False)
+  x = tf.random.stateless_normal([8, 3, 3, 256], [0, 9])
+  layer.build(x.shape)
+  u = tf.constant(layer.sn_u)
+  got = _layer_value_and_grads(layer, x, lambda: layer(x, training=True))
+  layer.sn_u.assign(u)
+  want = _layer_value_and_grads(layer, x, lambda: tf.nn.conv2d(
+      x, layer.normalized_kernel(training=True), 1, 'VALID'))
+  _assert_all_close(got, want)
+
+
+@pytest.mark.parametrize('iterations,strides,padding', [
+    (1, 1, 'valid'), (2, 1, 'valid'), (1, 2, 'same'), (2, 2, 'same')])
+def test_paired_spectral_norm_conv_equals_two_calls(iterations, strides,
+                                                    padding):
   """Two passes stacked (layers.paired_passes): each pass its own power step
   (the second from the first's u) and sigma, and its own rank-one term in
-  W's gradient, in values and gradients against two training calls."""
+  W's gradient, in values and gradients against two training calls; on
+  small_conv's path (stride 1) and Keras' (stride 2)."""
   x = tf.random.stateless_normal([6, 3, 3, 32], [0, 6])
   copies = []
   for _ in range(2):
-    layer = layers.SpectralNormConv2D(64, 2, use_bias=False)
+    layer = layers.SpectralNormConv2D(64, 2, strides, padding=padding,
+                                      use_bias=False,
+                                      power_iterations=iterations)
     layer.build(x.shape)
     layer.kernel.assign(tf.random.stateless_normal(layer.kernel.shape, [0, 7]))
     layer.sn_u.assign(tf.random.stateless_normal(layer.sn_u.shape, [0, 8]))
     copies.append(layer)
 
-  def value_and_grads(layer, call):
-    with tf.GradientTape() as tape:
-      tape.watch(x)
-      y = call(layer)
-      # Weighted to make each pass's sigma term a large part of dW.
-      loss = tf.reduce_sum(tf.sin(y) * y) + 10.0 * tf.reduce_sum(y[3:])
-    return [y] + tape.gradient(loss, [x, layer.kernel])
+  # Weighted to make each pass's sigma term a large part of dW.
+  loss = lambda y: tf.reduce_sum(tf.sin(y) * y) + 10.0 * tf.reduce_sum(y[3:])
 
-  def paired(layer):
+  def paired():
     with layers.paired_passes():
-      return layer(x, training=True)
+      return copies[0](x, training=True)
 
-  got = value_and_grads(copies[0], paired)
-  want = value_and_grads(copies[1], lambda layer: tf.concat(
-      [layer(x[:3], training=True), layer(x[3:], training=True)], 0))
+  got = _layer_value_and_grads(copies[0], x, paired, loss)
+  want = _layer_value_and_grads(copies[1], x, lambda: tf.concat(
+      [copies[1](x[:3], training=True), copies[1](x[3:], training=True)], 0),
+                                loss)
   _assert_all_close(got, want)
   np.testing.assert_allclose(copies[0].sn_u.numpy(), copies[1].sn_u.numpy(),
                              rtol=0, atol=1e-6)

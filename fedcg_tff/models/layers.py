@@ -215,6 +215,19 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
     return u, v, v_w
 
   @graph_code.plain
+  def _power_iterations(self, passes: int):
+    """The power iteration of each of `passes` training passes, in order:
+    the first from the stored u, each next from the u before it (what
+    that many training calls compute). Returns each pass's (u, v, v W) and
+    the op storing the last u."""
+    u = self.sn_u
+    steps = []
+    for _ in range(passes):
+      u, v, v_w = self._power_iteration(u)
+      steps.append((u, v, v_w))
+    return steps, self.sn_u.assign(u)
+
+  @graph_code.plain
   def spectral_norm(self, training: bool = False) -> tf.Tensor:
     """The estimate u^T W v of the kernel's largest singular value.
 
@@ -222,9 +235,9 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
     Gradients flow through W (u and v are constants), as in PyTorch.
     """
     if training:
-      u, _, v_w = self._power_iteration(self.sn_u)
-      with tf.control_dependencies([self.sn_u.assign(u)]):
-        return tf.squeeze(tf.matmul(v_w, u, transpose_b=True))
+      ((u, _, v_w),), stored = self._power_iterations(1)
+      with tf.control_dependencies([stored]):
+        return _sigma(v_w, u)
     w = self._matrix()
     u = self.sn_u
     v = tf.math.l2_normalize(tf.matmul(u, w, transpose_b=True))
@@ -238,45 +251,25 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
     # conv(x, W / sigma) == conv(x, W) / sigma: dividing the small output
     # instead of the kernel (up to 512k weights) saves a kernel-sized division
     # forwards and several kernel-sized ops in the gradient.
-    if small_conv.applies(self, inputs) and training:
-      return _bias_and_activation(self, self._trained_small_conv(
-          inputs, passes=2 if _paired(training) else 1))
+    # In training, one power iteration and sigma per pass (equal parts of
+    # the batch): see paired_passes.
+    passes = (2 if _paired(training) else 1) if training else 0
     if small_conv.applies(self, inputs):
+      if passes:
+        steps, stored = self._power_iterations(passes)
+        with tf.control_dependencies([stored]):
+          return _bias_and_activation(self, small_conv.conv2d(
+              inputs, self.kernel, _sigma_divided_product(steps)))
       outputs = small_conv.conv2d(inputs, self.kernel)
     else:
       outputs = self.convolution_op(inputs, self.kernel)
-    if _paired(training):  # One power iteration per pass: see paired_passes.
-      first, second = tf.split(outputs, 2)
-      first = first / self.spectral_norm(training=True)
-      outputs = tf.concat([first, second / self.spectral_norm(training=True)],
-                          0)
-    else:
-      outputs = outputs / self.spectral_norm(training=bool(training))
+    if not passes:
+      return _bias_and_activation(self, outputs / self.spectral_norm())
+    steps, stored = self._power_iterations(passes)
+    with tf.control_dependencies([stored]):
+      outputs = tf.concat([part / _sigma(v_w, u) for part, (u, _, v_w)
+                           in zip(tf.split(outputs, passes), steps)], 0)
     return _bias_and_activation(self, outputs)
-
-  def _trained_small_conv(self, inputs, passes: int):
-    """The training-mode conv by small_conv, divided by each pass's sigma
-    (`passes` equal parts of the batch: see paired_passes), with the power
-    iteration run once per pass, in order, and u stored after the last.
-
-    Same values as dividing `small_conv.conv2d`'s output by
-    `spectral_norm(training=True)` once per pass, and the same gradients to
-    float rounding, but W's gradient is one product: each sigma's term,
-    v^T u dsigma, is a rank-one [k, c_out] matrix, which TF's gradient
-    makes with a product of its own and then sums with the conv's; here
-    v and u dsigma join the conv's rows (`_divided_product`).
-    """
-    u = self.sn_u
-    vs, us, sigmas = [], [], []
-    for _ in range(passes):
-      u, v, v_w = self._power_iteration(u)
-      vs.append(v)
-      us.append(u)
-      sigmas.append(tf.squeeze(tf.matmul(tf.stop_gradient(v_w), u,
-                                         transpose_b=True)))
-    with tf.control_dependencies([self.sn_u.assign(u)]):
-      return small_conv.conv2d(inputs, self.kernel,
-                               _divided_product(vs, us, sigmas))
 
   def get_config(self):
     config = super().get_config()
@@ -284,16 +277,30 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
     return config
 
 
-def _divided_product(vs, us, sigmas):
-  """For `small_conv.conv2d`: patches @ W with the h-th of len(sigmas) equal
-  row blocks divided by sigma_h = v_h W u_h^T (v_h, u_h constants).
+@graph_code.plain
+def _sigma(v_w, u):
+  """sigma = (v W) u^T from the power iteration's last v W and u."""
+  return tf.squeeze(tf.matmul(v_w, u, transpose_b=True))
 
-  dsigma_h / dW = v_h^T u_h, so dW = patches^T dY + sum_h v_h^T (u_h
-  dsigma_h) = [patches; v_1; ...]^T [dY; u_1 dsigma_1; ...]: one product
-  with a row per pass appended, instead of a [k, c_out] product per sigma
-  and their sum (on the Zen 3 host the first pass's took 1.1 ms of a
-  20 ms GAN step for D's 1024 x 512 kernel).
+
+@graph_code.plain
+def _sigma_divided_product(steps):
+  """For `small_conv.conv2d` in training: patches @ W with the h-th of
+  len(steps) equal row blocks divided by its pass's sigma_h = v_h W u_h^T
+  (`_power_iterations`' steps; v_h, u_h constants).
+
+  The values of dividing the conv's output by `spectral_norm(training=True)`
+  once per pass, and its gradients to float rounding, but W's gradient is
+  one product: dsigma_h / dW = v_h^T u_h, so dW = patches^T dY + sum_h
+  v_h^T (u_h dsigma_h) = [patches; v_1; ...]^T [dY; u_1 dsigma_1; ...],
+  a row per pass appended, where TF's gradient makes a [k, c_out] product
+  per sigma and sums them (on the Zen 3 host the first pass's took 1.1 ms
+  of a 20 ms GAN step for D's 1024 x 512 kernel). First order only: the
+  gradient treats each sigma as the constant its rows carry.
   """
+  us = [u for u, _, _ in steps]
+  vs = [v for _, v, _ in steps]
+  sigmas = [_sigma(tf.stop_gradient(v_w), u) for u, _, v_w in steps]
 
   @tf.custom_gradient
   def product(patches, matrix):

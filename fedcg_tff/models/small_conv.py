@@ -11,11 +11,13 @@ at batch 8) took 4.2 s of CPU instead of 8.1 s on this machine
 
 Both functions compute exactly the convolution of `tf.nn.conv2d` /
 `tf.nn.conv2d_transpose` with stride 1, VALID padding and no dilation (the
-same sums, accumulated in another order, so results agree to float rounding),
+same sums, accumulated in another order, so results agree to float rounding;
+`conv2d` with a `product` of the caller's computes what that product does),
 and their gradients are TensorFlow's own for the slices and pads and, for
-the products, the products TensorFlow's gradient takes, each run in the
-orientation oneDNN runs fastest (`times_transposed`). `applies` says when a
-Keras layer and its input allow them.
+the products, the products TensorFlow's gradient takes, a @ b^T among them
+run in the orientation `times_transposed` picks (measured on one host kind:
+see ORIENT_MAX_ROWS). `applies` says when a Keras layer and its input allow
+them.
 """
 
 import tensorflow as tf
@@ -107,17 +109,28 @@ def times_transposed(a, b):
   choice is then a `tf.cond`.
   """
   direct = lambda: tf.matmul(a, b, transpose_b=True)
-  if not ORIENTED_PRODUCTS or b.shape.num_elements() < ORIENT_MIN_WEIGHTS:
-    return direct()
   swapped = lambda: tf.transpose(tf.matmul(b, a, transpose_b=True))
+  swaps = _swaps(a, b)
+  if isinstance(swaps, bool):
+    return swapped() if swaps else direct()
+  return tf.cond(swaps, swapped, direct)
+
+
+@graph_code.plain
+def _swaps(a, b):
+  """Whether `times_transposed` swaps: a bool, or a boolean tensor when a's
+  row count is known only when the graph runs."""
+  if not ORIENTED_PRODUCTS or b.shape.num_elements() < ORIENT_MIN_WEIGHTS:
+    return False
   if a.shape[0] is not None:
-    return swapped() if a.shape[0] <= ORIENT_MAX_ROWS else direct()
-  return tf.cond(tf.shape(a)[0] <= ORIENT_MAX_ROWS, swapped, direct)
+    return a.shape[0] <= ORIENT_MAX_ROWS
+  return tf.shape(a)[0] <= ORIENT_MAX_ROWS
 
 
-# The two products below differ from `tf.matmul` only in their gradients'
-# orientation: TF's own gradient of p @ w computes dp = dy @ w^T as the slow
-# orientation above, and its gradient of x @ k^T is x's forward product.
+# The two products below are `tf.matmul`'s, with TF's gradients, but every
+# a @ b^T among them goes through `times_transposed`: conv2d's input
+# gradient dpatches = dy @ w^T, and conv2d_transpose's forward product
+# x @ k^T itself.
 
 
 @tf.custom_gradient
