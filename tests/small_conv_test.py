@@ -192,7 +192,8 @@ def test_times_transposed_chooses_when_run_if_rows_unknown():
               for f in graph.as_graph_def().library.function}
   assert 'Transpose' in branches[cond.get_attr('then_branch').name]
   assert 'Transpose' not in branches[cond.get_attr('else_branch').name]
-  swaps = tf.function(lambda a: small_conv._swaps(a, b),  # pylint: disable=protected-access
+  predicate = small_conv._swaps  # pylint: disable=protected-access
+  swaps = tf.function(lambda a: predicate(a, b),
                       input_signature=[tf.TensorSpec([None, 512])])
   for rows, swapped in ((8, True), (256, True), (257, False), (600, False)):
     a = tf.constant(rng.normal(size=(rows, 512)).astype(np.float32))
