@@ -324,15 +324,24 @@ class FusedAdamSteps:
     beta_1, beta_2 = cast(state['beta_1']), cast(state['beta_2'])
     beta_1_power = tf.math.pow(beta_1, t)
     beta_2_power = tf.math.pow(beta_2, t)
-    for var, (m, v), g in zip(self.variables, self.moments, gradients):
-      if g is None:
-        continue
-      if self.weight_decay:
-        g = g + self.weight_decay * var.read_value()
-      tf.raw_ops.ResourceApplyAdam(
-          var=var.handle, m=m.handle, v=v.handle, beta1_power=beta_1_power,
-          beta2_power=beta_2_power, lr=cast(state['learning_rate']),
-          beta1=beta_1, beta2=beta_2, epsilon=cast(state['epsilon']), grad=g)
+    # No update may start before every gradient is computed. Otherwise the
+    # graph lets an update run while the backward pass still holds a read of
+    # its weight (G's deconv2 kernel: its gradient is ready before the
+    # product that takes the gradient on to deconv1), and TF then updates a
+    # fresh copy of the weight (copy on write): a 2 MB allocation and copy
+    # that made that one update 4x slower (results/benchmarks/
+    # adam_after_gradients_amd_zen3_avx2_20261205.txt).
+    with tf.control_dependencies([g for g in gradients if g is not None]):
+      for var, (m, v), g in zip(self.variables, self.moments, gradients):
+        if g is None:
+          continue
+        if self.weight_decay:
+          g = g + self.weight_decay * var.read_value()
+        tf.raw_ops.ResourceApplyAdam(
+            var=var.handle, m=m.handle, v=v.handle, beta1_power=beta_1_power,
+            beta2_power=beta_2_power, lr=cast(state['learning_rate']),
+            beta1=beta_1, beta2=beta_2, epsilon=cast(state['epsilon']),
+            grad=g)
     return step
 
   @graph_code.plain
