@@ -8,6 +8,8 @@ TFF worker running one client per core), prints the CPU time of a forward
 pass plus both gradients, in a compiled loop, with `tf.nn.conv2d` /
 `tf.nn.conv2d_transpose` and with `small_conv`, its products in the
 orientation `small_conv.times_transposed` picks and in TF's own; then
+E's 5x5 convolutions with `tf.nn.conv2d` and as `small_conv.banded_conv2d`
+(forward, and forward + kernel gradient); then
 a @ b^T both ways for the GAN's shapes of it (few rows in a, a weight
 matrix b), which is what ORIENT_MAX_ROWS and ORIENT_MIN_WEIGHTS rest on;
 then the CPU time of a whole FedCG GAN epoch (2000 images) with the Keras
@@ -43,8 +45,9 @@ PRODUCTS = [(128, (104, 128)), (72, (512, 256)), (32, (1024, 512)),
             (256, (1024, 512)), (257, (1024, 512))]
 
 
-def _cpu_ms_per_step(conv, x, kernel):
-  """CPU ms of conv(x, kernel) and its two gradients, in a tf.function loop."""
+def _cpu_ms_per_step(conv, x, kernel, gradients=('x', 'kernel')):
+  """CPU ms of conv(x, kernel) and the `gradients` asked for, in a
+  tf.function loop."""
 
   @tf.function
   def loop(x, kernel):
@@ -54,8 +57,12 @@ def _cpu_ms_per_step(conv, x, kernel):
         tape.watch([x, kernel])
         y = conv(x, kernel + 0.0 * total)  # A dependency between steps.
         loss = tf.reduce_sum(y * y)
-      grad_x, grad_kernel = tape.gradient(loss, [x, kernel])
-      total += grad_kernel + tf.reduce_sum(grad_x)
+      if not gradients:
+        total += loss
+        continue
+      grads = dict(zip(gradients, tape.gradient(
+          loss, [{'x': x, 'kernel': kernel}[g] for g in gradients])))
+      total += grads['kernel'] + tf.reduce_sum(grads.get('x', 0.0))
     return total
 
   loop(x, kernel)
@@ -81,6 +88,27 @@ def _product_us(product, a, b, repeats=200):
     loop(a, b).numpy()
     best = min(best, time.perf_counter() - start)
   return best / repeats * 1e6
+
+
+def _banded_table(rng):
+  """E's 5x5 convolutions (LeNet; on 3 channels for colour images) with
+  tf.nn.conv2d and with small_conv.banded_conv2d: what `small_conv.bands`
+  rests on. The image needs no gradient in training."""
+  print(f"E's convolutions, batch {BATCH}, CPU ms per step: forward, "
+        'forward + kernel gradient')
+  print('  input      kernel    tf.nn           banded          '
+        'picked')
+  conv = lambda a, w: tf.nn.conv2d(a, w, 1, 'VALID')
+  for size, c_in, c_out in ((32, 1, 6), (32, 3, 6), (14, 6, 16)):
+    x = tf.constant(rng.normal(size=(BATCH, size, size, c_in)), tf.float32)
+    kernel = tf.constant(rng.normal(size=(5, 5, c_in, c_out)), tf.float32)
+    times = [f'{_cpu_ms_per_step(f, x, kernel, g):6.3f}'
+             for f in (conv, small_conv.banded_conv2d) for g in ((), ('kernel',))]
+    layer = tf.keras.layers.Conv2D(c_out, 5)
+    picked = small_conv.bands(layer, tf.keras.Input((size, size, c_in)))
+    print(f'  {size}x{size}x{c_in:<2d}  5x5->{c_out:<3d}  {times[0]}  '
+          f'{times[1]}  {times[2]}  {times[3]}  '
+          f'{"banded" if picked else "tf.nn"}')
 
 
 def _orientation_table(rng):
@@ -167,6 +195,7 @@ def main():
             f'{_cpu_ms_per_step(native, x, kernel):6.3f}  '
             f'{_cpu_ms_per_step(ours, x, kernel):10.3f}  '
             f'{_tf_oriented(_cpu_ms_per_step, ours, x, kernel):6.3f}')
+  _banded_table(rng)
   _orientation_table(rng)
   epoch = _gan_epoch_cpu_seconds()
   print('GAN epoch (2000 images, batch 8), median CPU s: '

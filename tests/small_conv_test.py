@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from fedcg_tff.models import layers
+from fedcg_tff.models import lenet
 from fedcg_tff.models import small_conv
 
 
@@ -29,6 +30,16 @@ def _layer_value_and_grads(layer, x, call,
   return [y] + tape.gradient(value, [x, layer.kernel])
 
 
+def _model_value_and_grads(model, x):
+  """model(x), and the gradients of a non-uniform loss of it for x and the
+  model's trainable weights."""
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = model(x)
+    loss = tf.reduce_sum(tf.sin(3.0 * y) * y)
+  return [y] + tape.gradient(loss, [x] + model.trainable_weights)
+
+
 def _assert_all_close(got, want):
   for g, w in zip(got, want):
     assert g.shape == w.shape
@@ -44,13 +55,16 @@ SHAPES = [  # (batch, height, width, c_in, kernel h, kernel w, c_out)
 ]
 
 
-@pytest.mark.parametrize('n,h,w,c_in,kh,kw,c_out', SHAPES)
-def test_conv2d_matches_tf_conv2d(n, h, w, c_in, kh, kw, c_out):
+@pytest.mark.parametrize('conv', [small_conv.conv2d,
+                                  small_conv.banded_conv2d])
+@pytest.mark.parametrize('n,h,w,c_in,kh,kw,c_out',
+                         SHAPES + [(8, 28, 28, 1, 5, 5, 6)])  # + E's conv1.
+def test_conv2d_matches_tf_conv2d(conv, n, h, w, c_in, kh, kw, c_out):
   rng = np.random.default_rng(0)
   x = rng.normal(size=(n, h + kh - 1, w + kw - 1, c_in)).astype(np.float32)
   kernel = rng.normal(size=(kh, kw, c_in, c_out)).astype(np.float32)
   _assert_all_close(
-      _value_and_grads(small_conv.conv2d, x, kernel),
+      _value_and_grads(conv, x, kernel),
       _value_and_grads(lambda a, k: tf.nn.conv2d(a, k, 1, 'VALID'), x, kernel))
 
 
@@ -140,14 +154,8 @@ def test_small_conv_transpose_layer_matches_keras_layer(strides, padding,
   keras.set_weights(ours.get_weights())
   x = tf.random.stateless_normal([3, 4, 5, 5], [0, 3])
 
-  def value_and_grads(model):
-    with tf.GradientTape() as tape:
-      tape.watch(x)
-      y = model(x)
-      loss = tf.reduce_sum(tf.sin(3.0 * y) * y)
-    return [y] + tape.gradient(loss, [x] + model.trainable_weights)
-
-  _assert_all_close(value_and_grads(ours), value_and_grads(keras))
+  _assert_all_close(_model_value_and_grads(ours, x),
+                    _model_value_and_grads(keras, x))
 
 
 def _ops(fn, *signature):
@@ -308,3 +316,35 @@ def test_paired_spectral_norm_conv_equals_two_calls(iterations, strides,
   _assert_all_close(got, want)
   np.testing.assert_allclose(copies[0].sn_u.numpy(), copies[1].sn_u.numpy(),
                              rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize('channels', [1, 3])
+def test_banded_conv_layer_matches_keras_layer(channels):
+  """In a functional model (batch unknown), values and gradients: the
+  banded product on one input channel, Keras' own conv on three."""
+  kwargs = dict(filters=6, kernel_size=5, activation='sigmoid')
+  inputs = tf.keras.Input((32, 32, channels))
+  ours = tf.keras.Model(inputs, layers.BandedConv2D(**kwargs)(inputs))
+  keras = tf.keras.Model(inputs, tf.keras.layers.Conv2D(**kwargs)(inputs))
+  for v in ours.weights:
+    v.assign(tf.random.stateless_normal(v.shape, [0, 5]))
+  keras.set_weights(ours.get_weights())
+  x = tf.random.stateless_normal([3, 32, 32, channels], [0, 6])
+
+  _assert_all_close(_model_value_and_grads(ours, x),
+                    _model_value_and_grads(keras, x))
+  convs = _ops(ours, tf.TensorSpec([None, 32, 32, channels]))
+  assert ('Conv2D' in convs) == (channels != 1)
+
+
+def test_lenet_extractor_runs_its_first_conv_banded():
+  """E's conv1 (one input channel) as the banded product, its conv2 as
+  oneDNN's convolution."""
+  extractor = lenet.build_extractor()
+  ops = _ops(lambda x: extractor(x, training=False),
+             tf.TensorSpec([None, 32, 32, 1]))
+  assert ops.count('Conv2D') == 1 and ops.count('MatMul') == 1
+  assert small_conv.bands(extractor.get_layer('conv1'),
+                          tf.keras.Input((32, 32, 1)))
+  assert not small_conv.bands(extractor.get_layer('conv2'),
+                              tf.keras.Input((14, 14, 6)))

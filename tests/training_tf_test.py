@@ -242,14 +242,19 @@ def test_gan_epoch_kernels_keep_its_results(monkeypatch):
   monkeypatch.setattr(fedcg_tf, 'PAIRED_D_PASSES', False)
   separate = _gan_epoch()
   assert len(separate) == len(functional)
-  # D's conv3 kernel: a tenth of one Adam step (lr 3e-4). Adam's
+  # Float rounding, but for at most one weight in 10 000, by at most the
+  # five steps' worth of Adam (lr 3e-4) a sign flip can move it: Adam's
   # m / sqrt(v) turns the rounding of a near-zero gradient into a sizeable
-  # part of a step: 2 of its 524 288 weights moved 1.26e-5 apart once the
-  # spectral norm's rank-one terms joined the kernel gradient's product, in
-  # whose sum order the paired and separate passes differ.
+  # part of a step. Seen: 2 of D's 524 288 conv3 weights 1.26e-5 apart once
+  # the spectral norm's rank-one terms joined the kernel gradient's product
+  # (whose sum order the paired and separate passes change); with E's conv1
+  # banded (other features, other near-zero gradients) up to 8 weights of a
+  # 524 288-weight kernel and 3 of a 131 072-weight one, by up to 5.3e-5.
+  # Pairing D's passes wrongly moves most weights.
   for a, b in zip(functional, separate):
-    atol = 3e-5 if a.shape == (2, 2, 256, 512) else 1e-5
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=atol)
+    off = ~np.isclose(a, b, rtol=1e-4, atol=1e-5)
+    assert off.sum() <= a.size // 10_000, (a.shape, off.sum())
+    np.testing.assert_allclose(a, b, rtol=0, atol=5 * 2 * 3e-4)
 
 
 def test_weight_decay_is_l2_on_the_gradient_of_e_and_c():

@@ -324,6 +324,16 @@ def _sigma_divided_product(steps):
   return product
 
 
+class BandedConv2D(tf.keras.layers.Conv2D):
+  """Keras' Conv2D, computed by `small_conv.banded_conv2d` where
+  `small_conv.bands` says it is faster (a single input channel)."""
+
+  def convolution_op(self, inputs, kernel):
+    if small_conv.bands(self, inputs):
+      return small_conv.banded_conv2d(inputs, kernel)
+    return super().convolution_op(inputs, kernel)
+
+
 class SmallConv2DTranspose(tf.keras.layers.Conv2DTranspose):
   """A `Conv2DTranspose` computed by `small_conv` where it applies.
 

@@ -40,7 +40,7 @@ def build_extractor(channels: int = 1) -> tf.keras.Model:
   """E: conv5-6, avgpool2, sigmoid, conv5-16, avgpool2, sigmoid -> 5x5x16."""
   x = inputs = tf.keras.Input((IMAGE_SIZE, IMAGE_SIZE, channels), name='image')
   for i, filters in enumerate((6, 16)):
-    x = tf.keras.layers.Conv2D(
+    x = layers.BandedConv2D(
         filters, 5, name=f'conv{i + 1}',
         **layers.torch_default_init(x.shape[-1] * 5 * 5))(x)
     x = tf.keras.layers.AveragePooling2D(2)(x)

@@ -9,7 +9,12 @@ core's peak). Written as patch matrix products, a FedCG GAN epoch (250 steps
 at batch 8) took 4.2 s of CPU instead of 8.1 s on this machine
 (`benchmarks/small_conv_benchmark.py`).
 
-Both functions compute exactly the convolution of `tf.nn.conv2d` /
+The convolutions of stride-1, VALID 5x5 kernels on a single input channel
+(LeNet's first) are slow in oneDNN too, for want of channels to vectorise
+over: `banded_conv2d` makes each of them one product with a banded matrix
+(see `bands`).
+
+The functions compute exactly the convolution of `tf.nn.conv2d` /
 `tf.nn.conv2d_transpose` with stride 1, VALID padding and no dilation (the
 same sums, accumulated in another order, so results agree to float rounding;
 `conv2d` with a `product` of the caller's computes what that product does),
@@ -20,6 +25,9 @@ see ORIENT_MAX_ROWS). `applies` says when a Keras layer and its input allow
 them.
 """
 
+import functools
+
+import numpy as np
 import tensorflow as tf
 
 from fedcg_tff import graph_code
@@ -73,6 +81,62 @@ def conv2d(x, kernel, product=None):
       tf.reshape(patches, [-1, kh * kw * c_in]),
       tf.reshape(kernel, [kh * kw * c_in, c_out]))
   return tf.reshape(y, [-1, out_h, out_w, c_out])
+
+
+def bands(layer: tf.keras.layers.Layer, inputs) -> bool:
+  """Whether `banded_conv2d` should run `layer` on `inputs`: where `applies`
+  does, on a single input channel (E's first convolution on grey images).
+
+  Why there: oneDNN's direct convolution has no input channels to vectorise
+  over, and with LeNet's 6 output channels few outputs either. On the Zen 3
+  host (2026-12-05, one thread, batch 8; benchmarks/small_conv_benchmark.py)
+  E's conv1 (32x32x1 by 5x5x1x6) took 582 us forwards and 1343 us with its
+  kernel gradient as `tf.nn.conv2d`, 358 and 655 us banded. E's conv2 (6
+  input channels) was 3.5x slower banded, so it keeps oneDNN's kernel.
+  """
+  return applies(layer, inputs) and inputs.shape[-1] == 1
+
+
+@graph_code.plain
+def banded_conv2d(x, kernel):
+  """`tf.nn.conv2d(x, kernel, 1, 'VALID')` as one product of row windows and
+  a banded matrix.
+
+  Output row r needs input rows r .. r + kh - 1: laid side by side they are
+  one row of `[kh * width * c_in]` values, and the convolution of that row
+  is its product with a fixed `[kh * width * c_in, out_w * c_out]` matrix
+  holding kernel[i, jj - j, c, o] at row (i, jj, c), column (j, o) where
+  0 <= jj - j < kw, and zeros elsewhere (gathered from the kernel, so the
+  kernel's gradient is TF's gradient of the gather). The product does about
+  width / kw times the convolution's multiplications, all of them as one
+  well-shaped matrix product: the same sums (plus exact zeros) in another
+  order, so the convolution to float rounding.
+  """
+  kh, kw, c_in, c_out = kernel.shape
+  out_h, width = x.shape[1] - kh + 1, x.shape[2]
+  out_w = width - kw + 1
+  rows = tf.concat([tf.reshape(tf.slice(x, [0, i, 0, 0], [-1, out_h, -1, -1]),
+                               [-1, out_h, width * c_in]) for i in range(kh)],
+                   axis=-1)
+  flat = tf.concat([tf.reshape(kernel, [-1]), tf.zeros([1], kernel.dtype)], 0)
+  band = tf.gather(flat, _band_indices(kh, kw, c_in, c_out, width))
+  y = tf.matmul(tf.reshape(rows, [-1, kh * width * c_in]), band)
+  return tf.reshape(y, [-1, out_h, out_w, c_out])
+
+
+@functools.lru_cache(maxsize=16)
+def _band_indices(kh, kw, c_in, c_out, width):
+  """For `banded_conv2d`: at each entry of the banded matrix, the index of
+  its value in the flattened kernel, or kh * kw * c_in * c_out (the zero
+  appended to it)."""
+  out_w = width - kw + 1
+  i, jj, c, j, o = np.meshgrid(np.arange(kh), np.arange(width),
+                               np.arange(c_in), np.arange(out_w),
+                               np.arange(c_out), indexing='ij')
+  tap = jj - j
+  index = ((i * kw + tap) * c_in + c) * c_out + o
+  index = np.where((tap >= 0) & (tap < kw), index, kh * kw * c_in * c_out)
+  return index.reshape(kh * width * c_in, out_w * c_out).astype(np.int32)
 
 
 @graph_code.plain
