@@ -25,9 +25,6 @@ see ORIENT_MAX_ROWS). `applies` says when a Keras layer and its input allow
 them.
 """
 
-import functools
-
-import numpy as np
 import tensorflow as tf
 
 from fedcg_tff import graph_code
@@ -90,9 +87,11 @@ def bands(layer: tf.keras.layers.Layer, inputs) -> bool:
   Why there: oneDNN's direct convolution has no input channels to vectorise
   over, and with LeNet's 6 output channels few outputs either. On the Zen 3
   host (2026-12-05, one thread, batch 8; benchmarks/small_conv_benchmark.py)
-  E's conv1 (32x32x1 by 5x5x1x6) took 582 us forwards and 1343 us with its
-  kernel gradient as `tf.nn.conv2d`, 358 and 655 us banded. E's conv2 (6
-  input channels) was 3.5x slower banded, so it keeps oneDNN's kernel.
+  E's conv1 (32x32x1 by 5x5x1x6) took 0.566-0.696 ms forwards and
+  1.252-1.285 ms with its kernel gradient as `tf.nn.conv2d`, 0.288 and
+  0.490 ms banded. On 3 input channels the two were about even (0.711 /
+  1.573 against 0.764 / 1.510 ms), and E's conv2 (6 channels) was 1.4-1.9x
+  slower banded: those keep oneDNN's kernel.
   """
   return applies(layer, inputs) and inputs.shape[-1] == 1
 
@@ -106,37 +105,37 @@ def banded_conv2d(x, kernel):
   one row of `[kh * width * c_in]` values, and the convolution of that row
   is its product with a fixed `[kh * width * c_in, out_w * c_out]` matrix
   holding kernel[i, jj - j, c, o] at row (i, jj, c), column (j, o) where
-  0 <= jj - j < kw, and zeros elsewhere (gathered from the kernel, so the
-  kernel's gradient is TF's gradient of the gather). The product does about
-  width / kw times the convolution's multiplications, all of them as one
-  well-shaped matrix product: the same sums (plus exact zeros) in another
-  order, so the convolution to float rounding.
+  0 <= jj - j < kw, and zeros elsewhere. The product does about width / kw
+  times the convolution's multiplications, all of them as one well-shaped
+  matrix product: the same sums (plus exact zeros) in another order, so the
+  convolution to float rounding.
   """
   kh, kw, c_in, c_out = kernel.shape
   out_h, width = x.shape[1] - kh + 1, x.shape[2]
-  out_w = width - kw + 1
   rows = tf.concat([tf.reshape(tf.slice(x, [0, i, 0, 0], [-1, out_h, -1, -1]),
                                [-1, out_h, width * c_in]) for i in range(kh)],
                    axis=-1)
-  flat = tf.concat([tf.reshape(kernel, [-1]), tf.zeros([1], kernel.dtype)], 0)
-  band = tf.gather(flat, _band_indices(kh, kw, c_in, c_out, width))
-  y = tf.matmul(tf.reshape(rows, [-1, kh * width * c_in]), band)
-  return tf.reshape(y, [-1, out_h, out_w, c_out])
+  y = tf.matmul(tf.reshape(rows, [-1, kh * width * c_in]),
+                _band(kernel, width))
+  return tf.reshape(y, [-1, out_h, width - kw + 1, c_out])
 
 
-@functools.lru_cache(maxsize=16)
-def _band_indices(kh, kw, c_in, c_out, width):
-  """For `banded_conv2d`: at each entry of the banded matrix, the index of
-  its value in the flattened kernel, or kh * kw * c_in * c_out (the zero
-  appended to it)."""
+@graph_code.plain
+def _band(kernel, width):
+  """`banded_conv2d`'s matrix, made by copies only (a gather of its 27 k
+  entries took 157 us a step, far more than the copies): each kernel row's
+  taps padded with zeros to width + 1 and repeated out_w times; cut to
+  out_w * width values, row j of that [out_w, width] reading is the taps
+  shifted right by j, since (j * width + jj) mod (width + 1) = jj - j
+  modulo width + 1, which lands in the zeros unless 0 <= jj - j < kw."""
+  kh, kw, c_in, c_out = kernel.shape
   out_w = width - kw + 1
-  i, jj, c, j, o = np.meshgrid(np.arange(kh), np.arange(width),
-                               np.arange(c_in), np.arange(out_w),
-                               np.arange(c_out), indexing='ij')
-  tap = jj - j
-  index = ((i * kw + tap) * c_in + c) * c_out + o
-  index = np.where((tap >= 0) & (tap < kw), index, kh * kw * c_in * c_out)
-  return index.reshape(kh * width * c_in, out_w * c_out).astype(np.int32)
+  padded = tf.pad(kernel, [[0, 0], [0, width + 1 - kw], [0, 0], [0, 0]])
+  repeated = tf.slice(tf.tile(padded, [1, out_w, 1, 1]), [0, 0, 0, 0],
+                      [-1, out_w * width, -1, -1])
+  shifted = tf.reshape(repeated, [kh, out_w, width, c_in, c_out])
+  return tf.reshape(tf.transpose(shifted, [0, 2, 3, 1, 4]),
+                    [kh * width * c_in, out_w * c_out])
 
 
 @graph_code.plain
