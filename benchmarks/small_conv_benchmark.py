@@ -103,7 +103,8 @@ def _banded_table(rng):
     x = tf.constant(rng.normal(size=(BATCH, size, size, c_in)), tf.float32)
     kernel = tf.constant(rng.normal(size=(5, 5, c_in, c_out)), tf.float32)
     times = [f'{_cpu_ms_per_step(f, x, kernel, g):6.3f}'
-             for f in (conv, small_conv.banded_conv2d) for g in ((), ('kernel',))]
+             for f in (conv, small_conv.banded_conv2d)
+             for g in ((), ('kernel',))]
     layer = tf.keras.layers.Conv2D(c_out, 5)
     picked = small_conv.bands(layer, tf.keras.Input((size, size, c_in)))
     print(f'  {size}x{size}x{c_in:<2d}  5x5->{c_out:<3d}  {times[0]}  '

@@ -57,8 +57,10 @@ SHAPES = [  # (batch, height, width, c_in, kernel h, kernel w, c_out)
 
 @pytest.mark.parametrize('conv', [small_conv.conv2d,
                                   small_conv.banded_conv2d])
-@pytest.mark.parametrize('n,h,w,c_in,kh,kw,c_out',
-                         SHAPES + [(8, 28, 28, 1, 5, 5, 6)])  # + E's conv1.
+@pytest.mark.parametrize(
+    'n,h,w,c_in,kh,kw,c_out',
+    SHAPES + [(8, 28, 28, 1, 5, 5, 6),  # E's conv1.
+              (2, 4, 7, 2, 3, 2, 3)])  # Not square.
 def test_conv2d_matches_tf_conv2d(conv, n, h, w, c_in, kh, kw, c_out):
   rng = np.random.default_rng(0)
   x = rng.normal(size=(n, h + kh - 1, w + kw - 1, c_in)).astype(np.float32)
@@ -348,3 +350,8 @@ def test_lenet_extractor_runs_its_first_conv_banded():
                           tf.keras.Input((32, 32, 1)))
   assert not small_conv.bands(extractor.get_layer('conv2'),
                               tf.keras.Input((14, 14, 6)))
+  # Not measured wider; Keras' extra batch dimensions are not cut.
+  assert not small_conv.bands(extractor.get_layer('conv1'),
+                              tf.keras.Input((64, 64, 1)))
+  assert not small_conv.bands(extractor.get_layer('conv1'),
+                              tf.keras.Input((2, 32, 32, 1)))

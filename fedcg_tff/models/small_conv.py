@@ -9,20 +9,21 @@ core's peak). Written as patch matrix products, a FedCG GAN epoch (250 steps
 at batch 8) took 4.2 s of CPU instead of 8.1 s on this machine
 (`benchmarks/small_conv_benchmark.py`).
 
-The convolutions of stride-1, VALID 5x5 kernels on a single input channel
-(LeNet's first) are slow in oneDNN too, for want of channels to vectorise
+Stride-1 VALID convolutions of a single input channel (LeNet's first, 5x5
+on 32x32 images) are slow in oneDNN too, for want of channels to vectorise
 over: `banded_conv2d` makes each of them one product with a banded matrix
 (see `bands`).
 
 The functions compute exactly the convolution of `tf.nn.conv2d` /
 `tf.nn.conv2d_transpose` with stride 1, VALID padding and no dilation (the
 same sums, accumulated in another order, so results agree to float rounding;
-`conv2d` with a `product` of the caller's computes what that product does),
-and their gradients are TensorFlow's own for the slices and pads and, for
-the products, the products TensorFlow's gradient takes, a @ b^T among them
-run in the orientation `times_transposed` picks (measured on one host kind:
-see ORIENT_MAX_ROWS). `applies` says when a Keras layer and its input allow
-them.
+`conv2d` with a `product` of the caller's computes what that product does).
+Their gradients are TensorFlow's own for the slices, pads, tiles and
+transposes and, for `conv2d`'s and `conv2d_transpose`'s products, the
+products TensorFlow's gradient takes, a @ b^T among them run in the
+orientation `times_transposed` picks (measured on one host kind: see
+ORIENT_MAX_ROWS); `banded_conv2d`'s product is a plain `tf.matmul`.
+`applies` says when a Keras layer and its input allow them.
 """
 
 import tensorflow as tf
@@ -43,6 +44,8 @@ ORIENTED_PRODUCTS = True
 # last), the swap was the slower, by up to 1.6x. The other hosts were not
 # measured.
 ORIENT_MAX_ROWS = 256
+# `bands`' widest input (the measured one: LeNet's 32x32 images).
+BANDED_MAX_WIDTH = 32
 ORIENT_MIN_WEIGHTS = 65536
 
 
@@ -51,7 +54,7 @@ def applies(layer: tf.keras.layers.Layer, inputs) -> bool:
   """Whether `layer` is a stride-1, VALID, undilated, ungrouped NHWC conv
   and `inputs` have a known height and width (the windows are cut at trace
   time)."""
-  return (inputs.shape[1:3].is_fully_defined() and
+  return (inputs.shape.rank == 4 and inputs.shape[1:3].is_fully_defined() and
           layer.strides == (1, 1) and layer.padding == 'valid' and
           layer.dilation_rate == (1, 1) and
           getattr(layer, 'groups', 1) == 1 and
@@ -80,9 +83,11 @@ def conv2d(x, kernel, product=None):
   return tf.reshape(y, [-1, out_h, out_w, c_out])
 
 
+@graph_code.plain
 def bands(layer: tf.keras.layers.Layer, inputs) -> bool:
   """Whether `banded_conv2d` should run `layer` on `inputs`: where `applies`
-  does, on a single input channel (E's first convolution on grey images).
+  does, on a single input channel at most BANDED_MAX_WIDTH wide (E's first
+  convolution on grey 32x32 images).
 
   Why there: oneDNN's direct convolution has no input channels to vectorise
   over, and with LeNet's 6 output channels few outputs either. On the Zen 3
@@ -91,9 +96,11 @@ def bands(layer: tf.keras.layers.Layer, inputs) -> bool:
   1.252-1.285 ms with its kernel gradient as `tf.nn.conv2d`, 0.288 and
   0.490 ms banded. On 3 input channels the two were about even (0.711 /
   1.573 against 0.764 / 1.510 ms), and E's conv2 (6 channels) was 1.4-1.9x
-  slower banded: those keep oneDNN's kernel.
+  slower banded: those keep oneDNN's kernel. Wider images were not
+  measured: the product's extra work grows with width / kw.
   """
-  return applies(layer, inputs) and inputs.shape[-1] == 1
+  return (applies(layer, inputs) and inputs.shape[-1] == 1 and
+          inputs.shape[2] <= BANDED_MAX_WIDTH)
 
 
 @graph_code.plain
