@@ -1,5 +1,6 @@
 """Adam inside training loops: TF's fused kernel gives what
-`tff.learning.optimizers`' functional Adam gives, bit for bit. PartyNetworks
+`tff.learning.optimizers`' functional Adam gives, bit for bit, and updates
+no weight the step still reads. PartyNetworks
 builds only the networks asked for; InitialNetworks draws what they draw
 without building them in the caller's graph."""
 

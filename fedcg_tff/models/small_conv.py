@@ -44,9 +44,9 @@ ORIENTED_PRODUCTS = True
 # last), the swap was the slower, by up to 1.6x. The other hosts were not
 # measured.
 ORIENT_MAX_ROWS = 256
+ORIENT_MIN_WEIGHTS = 65536
 # `bands`' widest input (the measured one: LeNet's 32x32 images).
 BANDED_MAX_WIDTH = 32
-ORIENT_MIN_WEIGHTS = 65536
 
 
 @graph_code.plain
