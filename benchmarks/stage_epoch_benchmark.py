@@ -42,6 +42,7 @@ def main():
   config = FedCGConfig(local_epochs=1, gan_epochs=1)
   dataset = synthetic.client_dataset(config.batch_size)
   epochs = {}
+  flags = fedcg_tf.PAIRED_D_PASSES, small_conv.ORIENTED_PRODUCTS
   for paired, oriented in ((True, True), (False, True), (True, False)):
     # Both flags are read when the loop is traced.
     fedcg_tf.PAIRED_D_PASSES = paired
@@ -50,8 +51,7 @@ def main():
     epoch()  # Trace.
     name = f'stage 2, {"paired" if paired else "two"} D passes'
     epochs[name + ('' if oriented else ", TF's product orientation")] = epoch
-  fedcg_tf.PAIRED_D_PASSES = True
-  small_conv.ORIENTED_PRODUCTS = True
+  fedcg_tf.PAIRED_D_PASSES, small_conv.ORIENTED_PRODUCTS = flags
   nets = fedcg_tf.PartyNetworks(config)
   state = fedcg_tf.initial_client_state(config, 1)
   default_chunk = training_tf.FROZEN_CHUNK_EXAMPLES
