@@ -20,24 +20,27 @@ def _value_and_grads(fn, x, kernel):
   return [y] + tape.gradient(loss, [x, kernel])
 
 
-def _layer_value_and_grads(layer, x, call,
-                           loss=lambda y: tf.reduce_sum(tf.sin(y) * y)):
-  """call()'s value and the gradients of loss(value) for x and the kernel."""
+def _call_value_and_grads(call, x, weights,
+                          loss=lambda y: tf.reduce_sum(tf.sin(y) * y)):
+  """call()'s value and the gradients of loss(value) for x and `weights`."""
   with tf.GradientTape() as tape:
     tape.watch(x)
     y = call()
     value = loss(y)
-  return [y] + tape.gradient(value, [x, layer.kernel])
+  return [y] + tape.gradient(value, [x] + list(weights))
+
+
+def _layer_value_and_grads(layer, x, call,
+                           loss=lambda y: tf.reduce_sum(tf.sin(y) * y)):
+  """call()'s value and the gradients of loss(value) for x and the kernel."""
+  return _call_value_and_grads(call, x, [layer.kernel], loss)
 
 
 def _model_value_and_grads(model, x):
   """model(x), and the gradients of a non-uniform loss of it for x and the
   model's trainable weights."""
-  with tf.GradientTape() as tape:
-    tape.watch(x)
-    y = model(x)
-    loss = tf.reduce_sum(tf.sin(3.0 * y) * y)
-  return [y] + tape.gradient(loss, [x] + model.trainable_weights)
+  return _call_value_and_grads(lambda: model(x), x, model.trainable_weights,
+                               lambda y: tf.reduce_sum(tf.sin(3.0 * y) * y))
 
 
 def _assert_all_close(got, want):
