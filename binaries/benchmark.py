@@ -30,7 +30,11 @@ FLOPs per example of each network's convolutions and dense layers
 (forward, gradient of the input, gradient of the weights) -- an estimate of
 the useful arithmetic; the machine's peak is cores x clock x FLOPs per
 cycle (AVX-512: two FMA units x 16 float32 lanes x 2 = 64; AVX2, and AMD
-Zen 4's AVX-512 on 256-bit pipes: 32), read from /proc/cpuinfo.
+Zen 4's AVX-512 on 256-bit pipes: 32; AMD Zen 1's AVX2: 16), read from
+/proc/cpuinfo. That clock can be a virtual machine's nominal one, below
+what the cores run at, so the round is also set against a measured rate:
+the cores times one thread's large float32 product in TensorFlow
+(`devices.product_flops_per_core`).
 """
 
 import json
@@ -71,6 +75,11 @@ flags.DEFINE_string('data_dir', None, 'FMNIST IDX directory (default: '
                     'Debian\'s /usr/share/datasets/fashion-mnist).')
 flags.DEFINE_integer('seed', 1, 'Seed of the data split and the networks.')
 flags.DEFINE_string('json', None, 'Also write the figures to this file.')
+flags.DEFINE_bool('time_product', True,
+                  'Also time one thread\'s large float32 product (a child '
+                  'process, ~10 s) and print the round\'s share of the cores '
+                  'at that rate: /proc/cpuinfo\'s clock, which the peak '
+                  'rests on, can be a virtual machine\'s nominal one.')
 FLAGS = flags.FLAGS
 GOAL_SECONDS = 150  # Issue 17: a full-protocol round on 2 cores.
 
@@ -188,6 +197,13 @@ def main(argv):
     peak, peak_how = 0.0, 'clients on remote workers'
     no_peak = peak_how
   achieved = train_flops / mean['clients_in_workers_s']
+  per_core, product_rate = 0.0, 0.0
+  product_how = 'not timed (--notime_product)'
+  if FLAGS.worker_addresses:
+    product_how = 'clients on remote workers'
+  elif FLAGS.time_product:
+    per_core, product_how = devices.product_flops_per_core()
+    product_rate = devices.core_count() * per_core
   memory = {'driver': peak_rss_bytes(os.getpid()),
             'workers': [peak_rss_bytes(p.pid)
                         for p in runtime.worker_processes()]}
@@ -206,6 +222,9 @@ def main(argv):
       'achieved_training_flops_per_s': achieved,
       'peak_flops_per_s': peak,
       'peak_flops_derivation': peak_how,
+      'product_flops_per_s_per_core': per_core,
+      'product_flops_per_s': product_rate,
+      'product_flops_derivation': product_how,
       'peak_rss_bytes': memory,
   }
 
@@ -234,6 +253,10 @@ def main(argv):
         + (f' = {100 * achieved / peak:.2f}% of peak {peak / 1e9:.0f} '
            f'GFLOP/s ({peak_how})' if peak else
            f' (no share of peak: {no_peak})'))
+  if product_rate:
+    print(f'  = {100 * achieved / product_rate:.2f}% of the cores\' measured '
+          f'product rate {product_rate / 1e9:.1f} GFLOP/s '
+          f'({devices.core_count()} x {product_how})')
   print(f'peak RSS: driver {memory["driver"] / 2**20:.0f} MiB, workers '
         + ', '.join(f'{m / 2**20:.0f} MiB' for m in memory['workers']))
   if FLAGS.json:

@@ -68,6 +68,15 @@ def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
   assert (cores_and_width(result['peak_flops_derivation'])
           == cores_and_width(how))
   assert result['peak_flops_per_s'] > 0
+  # Beside it, the cores times one thread's product, timed in a child.
+  assert result['product_flops_per_s_per_core'] > 0
+  assert result['product_flops_per_s'] == (
+      devices.core_count() * result['product_flops_per_s_per_core'])
+  assert result['product_flops_derivation'].startswith('one thread, float32 '
+                                                       '[1024, 1024] @')
+  assert (f'% of the cores\' measured product rate '
+          f'{result["product_flops_per_s"] / 1e9:.1f} GFLOP/s '
+          f'({devices.core_count()} x one thread') in done.stdout
   assert (result['achieved_training_flops_per_s']
           == result['training_flops_per_round'] / mean['clients_in_workers_s'])
   assert result['peak_rss_bytes']['driver'] > 0

@@ -146,6 +146,14 @@ def host_cpu(cpuinfo: str | None = None) -> str:
           f' ({f"family {family}, " if family else ""}{vector})')
 
 
+def core_count(cpuinfo: str | None = None) -> int:
+  """The processors /proc/cpuinfo (or `cpuinfo`'s text) lists; reading
+  this host, no more than this process may run on."""
+  processors = cpu_processors(cpuinfo)
+  cores = len([p for p in processors if 'cpu MHz' in p]) or len(processors)
+  return cores if cpuinfo is not None else min(cores, usable_cpus())
+
+
 def peak_float32_flops(cpuinfo: str | None = None) -> tuple[float, str]:
   """(float32 FLOP/s, how it was derived) of the CPUs this process may run
   on: their count times the processors' mean clock (as /proc/cpuinfo lists
@@ -157,9 +165,70 @@ def peak_float32_flops(cpuinfo: str | None = None) -> tuple[float, str]:
   processors = cpu_processors(cpuinfo)
   mhz = [float(p['cpu MHz']) for p in processors if 'cpu MHz' in p]
   _, per_cycle = _vector_unit(processors[0])
-  cores = len(mhz) or len(processors)
-  if cpuinfo is None:
-    cores = min(cores, usable_cpus())
+  cores = core_count(cpuinfo)
   clock = (sum(mhz) / len(mhz) if mhz else 0.0) * 1e6
   return (cores * clock * per_cycle,
           f'{cores} cores x {clock / 1e9:.2f} GHz x {per_cycle} FLOP/cycle')
+
+
+# The product `product_flops_per_core` times: [n, n] @ [n, n] in float32.
+PRODUCT_SIZE = 1024
+
+
+def product_flops_per_core(size: int = PRODUCT_SIZE, calls: int = 5,
+                           trials: int = 3) -> tuple[float, str]:
+  """(float32 FLOP/s, what was timed) of one thread's large matrix product
+  in TensorFlow (its oneDNN sgemm): the best of `trials` timings of
+  `calls` [size, size] @ [size, size] products, in a child process.
+
+  A measured ceiling beside `peak_float32_flops`, which trusts the clock
+  /proc/cpuinfo lists. A virtual machine's guest can list a nominal clock
+  the cores exceed: an AMD EPYC family 23 guest listed 2.00 GHz while a
+  chain of dependent adds ran at 2.45 GHz a second, and one thread's
+  products ran at 36 GFLOP/s against the 32 that clock allows a core.
+  The child has one intra-op thread (a process's TensorFlow thread pools
+  are fixed once it starts) and this process's environment."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=os.pathsep.join(
+      p for p in (root, os.environ.get('PYTHONPATH')) if p))
+  done = subprocess.run(
+      [sys.executable, '-c', 'from fedcg_tff.execution import devices; '
+       f'print(devices.time_product_here({size}, {calls}, {trials}))'],
+      env=env, capture_output=True, text=True, timeout=600, check=False)
+  if done.returncode:
+    raise RuntimeError('timing the product in a child process failed: '
+                       + done.stderr[-2000:])
+  rate = float(done.stdout.split()[-1])
+  return rate, (f'one thread, float32 [{size}, {size}] @ [{size}, {size}] '
+                f'in TensorFlow, best of {trials} x {calls} calls')
+
+
+def time_product_here(size: int, calls: int, trials: int) -> float:
+  """FLOP/s of `product_flops_per_core`'s product, timed in this process
+  on one intra-op thread: call it only in a process whose TensorFlow has
+  not run anything yet (the child `product_flops_per_core` starts)."""
+  import time  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  tf.config.threading.set_inter_op_parallelism_threads(1)
+  a = tf.random.stateless_normal([size, size], seed=[0, 1])
+  b = tf.random.stateless_normal([size, size], seed=[0, 2])
+
+  @tf.function
+  def products(a, b):
+    total = tf.zeros([size, size])
+    for _ in tf.range(calls):
+      # Each product depends on the last, so none can be skipped.
+      total = tf.matmul(a + 0.0 * total[:1], b)
+    return total
+
+  products(a, b).numpy()  # Traced and warmed up.
+  best = float('inf')
+  for _ in range(trials):
+    start = time.perf_counter()
+    products(a, b).numpy()
+    best = min(best, time.perf_counter() - start)
+  return 2.0 * size ** 3 * calls / best
