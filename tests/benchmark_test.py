@@ -72,8 +72,9 @@ def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
   assert result['product_flops_per_s_per_core'] > 0
   assert result['product_flops_per_s'] == (
       devices.core_count() * result['product_flops_per_s_per_core'])
-  assert result['product_flops_derivation'].startswith('one thread, float32 '
-                                                       '[1024, 1024] @')
+  size = devices.PRODUCT_SIZE
+  assert result['product_flops_derivation'].startswith(
+      f'one thread, float32 [{size}, {size}] @')
   assert (f'% of the cores\' measured product rate '
           f'{result["product_flops_per_s"] / 1e9:.1f} GFLOP/s '
           f'({devices.core_count()} x one thread') in done.stdout

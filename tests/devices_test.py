@@ -76,3 +76,15 @@ def test_peak_without_a_clock_is_zero_and_counts_usable_cpus(monkeypatch):
   assert devices.peak_float32_flops('flags\t: fpu avx2 fma\n')[0] == 0.0
   monkeypatch.setattr(devices, 'usable_cpus', lambda: 1)
   assert devices.peak_float32_flops()[1].startswith('1 cores x ')
+
+
+def test_product_timing_that_fails_in_its_child_says_so():
+  """A child that cannot time the product raises RuntimeError with its
+  error (the benchmark then keeps its rounds' figures without the rate)."""
+  try:
+    devices.product_flops_per_core(size=-1, calls=1, trials=1)
+  except RuntimeError as e:
+    assert 'timing the product in a child process failed' in str(e)
+    assert 'Error' in str(e)  # The child's own error, not an empty one.
+  else:
+    raise AssertionError('a product of size -1 was timed')

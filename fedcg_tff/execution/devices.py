@@ -147,8 +147,9 @@ def host_cpu(cpuinfo: str | None = None) -> str:
 
 
 def core_count(cpuinfo: str | None = None) -> int:
-  """The processors /proc/cpuinfo (or `cpuinfo`'s text) lists; reading
-  this host, no more than this process may run on."""
+  """The processors /proc/cpuinfo (or `cpuinfo`'s text) lists (a virtual
+  machine's vCPUs, each taken for a core); reading this host, no more
+  than this process may run on."""
   processors = cpu_processors(cpuinfo)
   cores = len([p for p in processors if 'cpu MHz' in p]) or len(processors)
   return cores if cpuinfo is not None else min(cores, usable_cpus())
@@ -187,21 +188,30 @@ def product_flops_per_core(size: int = PRODUCT_SIZE, calls: int = 5,
   chain of dependent adds ran at 2.45 GHz a second, and one thread's
   products ran at 36 GFLOP/s against the 32 that clock allows a core.
   The child has one intra-op thread (a process's TensorFlow thread pools
-  are fixed once it starts) and this process's environment."""
+  are fixed once it starts) and this process's environment. Times
+  `core_count()` gives a reference rate for the whole machine, not a
+  bound: a better kernel could beat it, and where two listed processors
+  are SMT siblings of one core it counts that core twice. Raises
+  RuntimeError when the child fails or prints no rate."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__))))
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=os.pathsep.join(
-      p for p in (root, os.environ.get('PYTHONPATH')) if p))
+  # On the CPU even in a CUDA build of TensorFlow.
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', CUDA_VISIBLE_DEVICES='',
+             PYTHONPATH=os.pathsep.join(
+                 p for p in (root, os.environ.get('PYTHONPATH')) if p))
   done = subprocess.run(
       [sys.executable, '-c', 'from fedcg_tff.execution import devices; '
        f'print(devices.time_product_here({size}, {calls}, {trials}))'],
       env=env, capture_output=True, text=True, timeout=600, check=False)
-  if done.returncode:
+  try:
+    if done.returncode:
+      raise ValueError(done.stderr[-2000:])
+    rate = float(done.stdout.split()[-1])
+  except (ValueError, IndexError) as e:
     raise RuntimeError('timing the product in a child process failed: '
-                       + done.stderr[-2000:])
-  rate = float(done.stdout.split()[-1])
+                       f'{e or done.stdout[-2000:]}') from None
   return rate, (f'one thread, float32 [{size}, {size}] @ [{size}, {size}] '
                 f'in TensorFlow, best of {trials} x {calls} calls')
 
