@@ -182,7 +182,7 @@ def product_flops_per_core(size: int = PRODUCT_SIZE, calls: int = 5,
   in TensorFlow (its oneDNN sgemm): the best of `trials` timings of
   `calls` [size, size] @ [size, size] products, in a child process.
 
-  A measured ceiling beside `peak_float32_flops`, which trusts the clock
+  A measured reference beside `peak_float32_flops`, which trusts the clock
   /proc/cpuinfo lists. A virtual machine's guest can list a nominal clock
   the cores exceed: an AMD EPYC family 23 guest listed 2.00 GHz while a
   chain of dependent adds ran at 2.45 GHz a second, and one thread's
@@ -205,13 +205,14 @@ def product_flops_per_core(size: int = PRODUCT_SIZE, calls: int = 5,
       [sys.executable, '-c', 'from fedcg_tff.execution import devices; '
        f'print(devices.time_product_here({size}, {calls}, {trials}))'],
       env=env, capture_output=True, text=True, timeout=600, check=False)
-  try:
-    if done.returncode:
-      raise ValueError(done.stderr[-2000:])
-    rate = float(done.stdout.split()[-1])
-  except (ValueError, IndexError) as e:
+  if done.returncode:
     raise RuntimeError('timing the product in a child process failed: '
-                       f'{e or done.stdout[-2000:]}') from None
+                       + done.stderr[-2000:])
+  try:
+    rate = float(done.stdout.split()[-1])
+  except (ValueError, IndexError):
+    raise RuntimeError('timing the product in a child process printed no '
+                       f'rate: {done.stdout[-2000:]!r}') from None
   return rate, (f'one thread, float32 [{size}, {size}] @ [{size}, {size}] '
                 f'in TensorFlow, best of {trials} x {calls} calls')
 
