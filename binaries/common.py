@@ -18,8 +18,10 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
+from fedcg_tff.execution import child_env
+
 FLAGS = flags.FLAGS
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = child_env.ROOT
 
 
 # --- Checks ------------------------------------------------------------------
@@ -190,12 +192,6 @@ def load_task(task: str, options):
 # --- Child runs --------------------------------------------------------------
 
 
-def _child_env() -> dict:
-  """This process's environment with the repository importable."""
-  return dict(os.environ, PYTHONPATH=os.pathsep.join(
-      p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
-
-
 def run_flags_for(algorithm: str, task: str,
                   tokens: Sequence[str]) -> list[str]:
   """`tokens` (run_fedcg flags) less those only other algorithms or tasks
@@ -230,7 +226,7 @@ def check_run_fedcg_flags(runs: dict) -> None:
        'import json, sys\n'
        'from binaries import run_fedcg\n'
        'run_fedcg.check_runs(json.loads(sys.stdin.read()))\n'],
-      input=json.dumps(runs), env=_child_env(), capture_output=True,
+      input=json.dumps(runs), env=child_env.environment(), capture_output=True,
       text=True, check=False)
   if done.returncode == REFUSED:
     # The refusal is check_runs' last line (anything before it is logging).
@@ -245,7 +241,7 @@ def run_fedcg(args: Sequence[str]) -> int:
   working directory (relative paths in `args` mean what they mean here),
   with the repository importable; returns its exit code."""
   child = subprocess.Popen([sys.executable, '-m', 'binaries.run_fedcg',
-                            *args], env=_child_env())
+                            *args], env=child_env.environment())
   try:
     return child.wait()
   except BaseException as e:

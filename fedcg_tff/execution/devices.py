@@ -20,6 +20,8 @@ on the CPU.
 import contextlib
 import os
 
+from fedcg_tff.execution import child_env
+
 DEVICES = ('cpu', 'gpu')
 _training_device = None  # None: no placement (TensorFlow's default).
 
@@ -195,12 +197,9 @@ def product_flops_per_core(size: int = PRODUCT_SIZE, calls: int = 5,
   RuntimeError when the child fails or prints no rate."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__))))
   # On the CPU even in a CUDA build of TensorFlow.
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', CUDA_VISIBLE_DEVICES='',
-             PYTHONPATH=os.pathsep.join(
-                 p for p in (root, os.environ.get('PYTHONPATH')) if p))
+  env = child_env.environment(TF_CPP_MIN_LOG_LEVEL='2',
+                              CUDA_VISIBLE_DEVICES='')
   done = subprocess.run(
       [sys.executable, '-c', 'from fedcg_tff.execution import devices; '
        f'print(devices.time_product_here({size}, {calls}, {trials}))'],
