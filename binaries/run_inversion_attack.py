@@ -35,6 +35,7 @@ per-image figure, settings, replay check), grid_round_<R>.png (true image |
 each row) and tensorboard/ (the grids, every reconstruction, PSNR means).
 """
 
+import functools
 import json
 import os
 import time
@@ -172,12 +173,29 @@ def _check_flags() -> list[int]:
   return rounds
 
 
+@functools.cache
+def _process(algorithm: str, config, dp_flags: tuple, num_clients: int):
+  """The algorithm's process as the run built it (DP-FedCG: with its
+  aggregator), traced once per interpreter: a script calling `main` for
+  several attacks on one run (the tests do) traces it once. A process
+  holds computations, no state (each `_Replay` has its own driver)."""
+  from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
+  aggregation = {}
+  if dp_flags:
+    from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
+    dp_flags = dict(dp_flags)
+    aggregation = {'upload_updates': True,
+                   'aggregation_factory': dp.fedcg_mean_factory(
+                       dp_flags['dp_sigma'], dp_flags['dp_clip'],
+                       dp_flags['dp_teacher_clip'], num_clients)}
+  return catalog.build_process(algorithm, config, **aggregation)
+
+
 class _Replay:
   """A run's algorithm, its task and checkpoints: recomputes one client's
   round as the run did."""
 
   def __init__(self, run_dir: str, definition: dict, aux_size: int):
-    from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
     from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
     from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
     run = definition['run']
@@ -198,19 +216,24 @@ class _Replay:
                            'images beside the run\'s)') from None
     self.dp = ({k: run[k] for k in ('dp_sigma', 'dp_clip', 'dp_teacher_clip')
                 if k in run} if run.get('dp_sigma') else {})
-    aggregation = {}
-    if self.dp and run['algorithm'] == 'fedcg':
-      from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
-      aggregation = {'upload_updates': True,
-                     'aggregation_factory': dp.fedcg_mean_factory(
-                         self.dp['dp_sigma'], self.dp['dp_clip'],
-                         self.dp['dp_teacher_clip'], self.task.num_clients)}
-    elif self.dp:
+    if self.dp and run['algorithm'] != 'fedcg':
       raise app.UsageError(f'{run_dir}: a DP {run["algorithm"]} run; only '
                            'DP-FedCG runs are replayed with their noise')
-    self.driver = catalog.build(run['algorithm'], self.config,
-                                self.task.num_clients, **aggregation)
     self.run_dir = run_dir
+    self._driver = None
+
+  @property
+  def driver(self):
+    """The run's driver, built when first needed: a run refused on its
+    flags or clients costs no tracing."""
+    from fedcg_tff.program import driver  # pylint: disable=g-import-not-at-top
+    if self._driver is None:
+      process = _process(self.run['algorithm'], self.config,
+                         tuple(sorted(self.dp.items())),
+                         self.task.num_clients)
+      self._driver = driver.Driver(self.config, self.task.num_clients,
+                                   process)
+    return self._driver
 
   def state_after(self, rounds_done: int):
     from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top

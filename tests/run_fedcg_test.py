@@ -366,12 +366,44 @@ def test_tiny_fedcg_run_repeats_across_processes(fedcg_run, data_dir,
   assert _metrics_without_timing(again) == _metrics_without_timing(out)[:1]
 
 
-def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
-  """binaries/run_inversion_attack.py after rounds 1 and 4 of the run
-  above: every row, the replay check, the report; a round whose previous
-  state is not kept is refused before any work."""
+@pytest.fixture(scope='module')
+def replaying_run(data_dir, tmp_path_factory):
+  """A one-round --replay_draws run (in this process), and the (round,
+  replay) of every train_datasets call it made.
+
+  DP-FedCG with noise far above G's moving variances: the attack's noised
+  G keeps them valid as the server does (otherwise its features are NaN
+  and the inversion refuses them)."""
+  asked = []
+  datasets = image_task.FederatedImageTask.train_datasets
+
+  def recorded(task, round_num, *args):
+    asked.append((round_num, args[-1]))
+    return datasets(task, round_num, *args)
+
+  run = tmp_path_factory.mktemp('replaying') / 'run'
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(image_task.FederatedImageTask, 'train_datasets', recorded)
+    assert _main([f'--output_dir={run}', f'--data_dir={data_dir}',
+                  *_TINY_RUN, '--rounds=1', '--replay_draws',
+                  '--dp_sigma=10']) is None
+  return run, asked
+
+
+@pytest.fixture(scope='module')
+def attacks(fedcg_run, replaying_run, tmp_path_factory):
+  """binaries/run_inversion_attack.py, every call in one interpreter (one
+  import; the attack traces a process once for all its calls): after rounds
+  1 and 4 of the FedCG run, runs it must refuse, round 1 against a FedAvg
+  run without saves, and client 1 of the replaying run.
+
+  Returns (each call's stop, the interpreter's output, the paths)."""
   run, _, _ = fedcg_run
-  out = tmp_path / 'inversion'
+  replaying, _ = replaying_run
+  tmp_path = tmp_path_factory.mktemp('attacks')
+  paths = {'out': tmp_path / 'inversion', 'refused': tmp_path / 'refused',
+           'round_1': tmp_path / 'round_1',
+           'replaying': tmp_path / 'replaying_inversion'}
   # Runs the attack must refuse, by their run.json alone.
   definition = json.loads((run / 'run.json').read_text())
   fakes = {}
@@ -391,14 +423,16 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
     (tmp_path / name).mkdir()
     (tmp_path / name / 'run.json').write_text(json.dumps(fake))
     fakes[name] = tmp_path / name
+  paths.update(fakes)
   (tmp_path / 'pool').mkdir()
   fake_data.write_fake_fmnist(str(tmp_path / 'pool'), n_train=120, n_test=40)
-  refused = tmp_path / 'refused'
-  # The attack, then refused inputs, in one interpreter (one import).
+  refused = paths['refused']
+  tiny = ['--num_images=1', '--iterations=1', '--latent_iterations=1',
+          '--latent_restarts=1', '--shadow_epochs=1', '--aux_size=24']
   stops, done = binary_runs.main_calls('run_inversion_attack', [
       [f'--run_dir={run}', '--rounds=1,4', '--num_images=2',
        '--iterations=5', '--latent_iterations=5', '--latent_restarts=1',
-       '--shadow_epochs=1', '--aux_size=24', f'--output_dir={out}'],
+       '--shadow_epochs=1', '--aux_size=24', f'--output_dir={paths["out"]}'],
       [f'--run_dir={run}', '--rounds=1,9', f'--output_dir={refused}'],
       [f'--run_dir={run}', '--client=-1', f'--output_dir={refused}'],
       [f'--run_dir={fakes["on_disk"]}', f'--output_dir={refused}'],
@@ -413,13 +447,23 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
        '--aux_size=24', f'--output_dir={refused}'],
       # Round 1 of a FedAvg run without saves (the fresh state) works.
       [f'--run_dir={run}', f'--fedavg_run_dir={fakes["fedavg_no_saves"]}',
-       '--rounds=1', '--num_images=1', '--iterations=1',
-       '--latent_iterations=1', '--latent_restarts=1', '--shadow_epochs=1',
-       '--aux_size=24', f'--output_dir={tmp_path / "round_1"}'],
+       '--rounds=1', *tiny, f'--output_dir={paths["round_1"]}'],
+      # The replaying run's client 1 (test_replay_draws_reach_...).
+      [f'--run_dir={replaying}', '--rounds=1', '--client=1', *tiny,
+       f'--output_dir={paths["replaying"]}'],
   ])
-  assert len(stops) == 9 and stops[0] is None, (stops, done.stderr[-3000:])
+  return stops, done, paths
+
+
+def test_inversion_attack_on_the_tiny_fedcg_run(attacks):
+  """binaries/run_inversion_attack.py after rounds 1 and 4 of the run
+  above: every row, the replay check, the report; a round whose previous
+  state is not kept is refused before any work."""
+  stops, done, paths = attacks
+  out, refused = paths['out'], paths['refused']
+  assert len(stops) == 10 and stops[0] is None, (stops, done.stderr[-3000:])
   assert stops[8] is None, stops[8]
-  assert (tmp_path / 'round_1' / 'inversion.md').exists()
+  assert (paths['round_1'] / 'inversion.md').exists()
   for stopped, message in zip(stops[2:8], (
       '--client must be >= 0, got -1',
       'on_disk kept its client states on disk',
@@ -434,7 +478,7 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
   assert 'inverting' in outputs[0] and 'inverting' not in outputs[7]
   # Nothing written, not even into the runs read.
   assert not refused.exists()
-  assert not (fakes['fedavg_no_saves'] / 'checkpoints').exists()
+  assert not (paths['fedavg_no_saves'] / 'checkpoints').exists()
   summary = json.loads((out / 'inversion.json').read_text())
   rows = {(r['round'], r['extractor'], r['target']) for r in summary['rows']}
   assert rows == {(r, e, t) for r in (1, 4)
@@ -453,37 +497,16 @@ def test_inversion_attack_on_the_tiny_fedcg_run(fedcg_run, tmp_path):
           and 'rounds [3, 4]' in stops[1]), stops[1]
 
 
-def test_replay_draws_reach_the_run_and_the_attack(data_dir, tmp_path,
-                                                  monkeypatch):
+def test_replay_draws_reach_the_run_and_the_attack(replaying_run, attacks):
   """--replay_draws reaches the datasets run_fedcg trains on, and
   run_inversion_attack recomputes a replaying run's round on the same
   draws: its replay check would fail on the attacked client's own data
-  (client 1's: client 0's first round is the same with or without).
-  The run is DP-FedCG with noise far above G's moving variances: the
-  attack's noised G keeps them valid as the server does (otherwise its
-  features are NaN and the inversion refuses them)."""
-  asked = []
-  datasets = image_task.FederatedImageTask.train_datasets
-
-  def recorded(task, round_num, *args):
-    asked.append((round_num, args[-1]))
-    return datasets(task, round_num, *args)
-
-  monkeypatch.setattr(image_task.FederatedImageTask, 'train_datasets',
-                      recorded)
-  run = tmp_path / 'replaying'
-  assert _main([f'--output_dir={run}', f'--data_dir={data_dir}',
-                *_TINY_RUN, '--rounds=1', '--replay_draws',
-                '--dp_sigma=10']) is None
+  (client 1's: client 0's first round is the same with or without)."""
+  _, asked = replaying_run
   assert asked == [(0, True)]
-  stops, done = binary_runs.main_calls('run_inversion_attack', [[
-      f'--run_dir={run}', '--rounds=1', '--client=1', '--num_images=1',
-      '--iterations=1', '--latent_iterations=1', '--latent_restarts=1',
-      '--shadow_epochs=1', '--aux_size=24',
-      f'--output_dir={tmp_path / "inversion"}']])
-  assert stops == [None], (stops, done.stderr[-3000:])
-  summary = json.loads((tmp_path / 'inversion' / 'inversion.json')
-                       .read_text())
+  stops, done, paths = attacks
+  assert stops[9] is None, (stops[9], done.stderr[-3000:])
+  summary = json.loads((paths['replaying'] / 'inversion.json').read_text())
   check = summary['replay_check']['1']
   assert check['replay_to_saved'] < 0.05 * check['round_change'], check
 
