@@ -463,7 +463,13 @@ def test_inversion_attack_on_the_tiny_fedcg_run(attacks):
   out, refused = paths['out'], paths['refused']
   assert len(stops) == 10 and stops[0] is None, (stops, done.stderr[-3000:])
   assert stops[8] is None, stops[8]
-  assert (paths['round_1'] / 'inversion.md').exists()
+  # Round 1 beside the FedAvg run: its row inverts the extractor FedAvg
+  # shares, one PSNR per attacked image.
+  round_1 = json.loads((paths['round_1'] / 'inversion.json').read_text())
+  fedavg_rows = [r for r in round_1['rows'] if r['algorithm'] == 'fedavg']
+  assert [(r['round'], r['extractor'], r['target'], len(r['psnr']))
+          for r in fedavg_rows] == [(1, 'shared', 'features', 1)], fedavg_rows
+  assert '| 1 | fedavg |' in (paths['round_1'] / 'inversion.md').read_text()
   for stopped, message in zip(stops[2:8], (
       '--client must be >= 0, got -1',
       'on_disk kept its client states on disk',
