@@ -181,6 +181,9 @@ def _process(algorithm: str, config, dp_flags: tuple, num_clients: int):
   holds computations, no state (each `_Replay` has its own driver)."""
   from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
   aggregation = {}
+  if dp_flags and algorithm != 'fedcg':
+    raise ValueError(f'only DP-FedCG runs are replayed with their noise, '
+                     f'not a DP {algorithm} run')
   if dp_flags:
     from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
     dp_flags = dict(dp_flags)
@@ -239,11 +242,12 @@ class _Replay:
     from fedcg_tff.program import checkpoint  # pylint: disable=g-import-not-at-top
     from fedcg_tff.program import round_loop  # pylint: disable=g-import-not-at-top
     saves = _saves(self.run_dir)
+    driver = self.driver  # Built outside the try: its errors are its own.
     try:
       if rounds_done and saves is None:
         raise ValueError(f'{self.run_dir} has no checkpoints')
       return round_loop.saved_algorithm_state(
-          self.driver, saves, rounds_done, self.task.num_clients)
+          driver, saves, rounds_done, self.task.num_clients)
     except (ValueError, checkpoint.DamagedState) as e:
       raise app.UsageError(f'--rounds: round {rounds_done + 1} needs the '
                            f'state after round {rounds_done}: {e}')

@@ -143,6 +143,10 @@ from absl.testing import flagsaver
 import importlib
 binary = importlib.import_module('binaries.' + sys.argv[1])
 for args in json.loads(sys.argv[2]):
+  # Each call starts as a fresh process would: no global TF seed left by
+  # the call before (tf.data's seeded shuffles depend on it).
+  if 'tensorflow' in sys.modules:
+    sys.modules['tensorflow'].random.set_seed(None)
   with flagsaver.flagsaver():
     flags.FLAGS.unparse_flags()
     try:
@@ -164,8 +168,9 @@ def main_calls(module: str, arg_lists, timeout: float = 600,
 
   Returns (the usage error or exit message each call stopped with, or None
   if it ran through; the CompletedProcess, whose stdout has a line
-  `MAIN_CALL <stop>` after each call's output). For binaries that cannot
-  run in the test's own process (see the module docstring).
+  `MAIN_CALL <stop>` after each call's output). Each call starts with TF's
+  global seed cleared, as `run_fedcg_in_process` does. For binaries that
+  cannot run in the test's own process (see the module docstring).
   """
   import json  # pylint: disable=g-import-not-at-top
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)

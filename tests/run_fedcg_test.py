@@ -511,7 +511,7 @@ def test_replay_draws_reach_the_run_and_the_attack(replaying_run, attacks):
   _, asked = replaying_run
   assert asked == [(0, True)]
   stops, done, paths = attacks
-  assert stops[9] is None, (stops[9], done.stderr[-3000:])
+  assert len(stops) == 10 and stops[9] is None, (stops, done.stderr[-3000:])
   summary = json.loads((paths['replaying'] / 'inversion.json').read_text())
   check = summary['replay_check']['1']
   assert check['replay_to_saved'] < 0.05 * check['round_change'], check
