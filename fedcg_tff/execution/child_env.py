@@ -14,8 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 
 def environment(**overrides: str) -> dict:
   """This process's environment with `overrides` set and the repository
-  root first on PYTHONPATH (ahead of this process's PYTHONPATH; a
-  PYTHONPATH among `overrides` is replaced by that)."""
+  root first on PYTHONPATH, ahead of this process's PYTHONPATH (a
+  PYTHONPATH among `overrides` is ignored)."""
   env = dict(os.environ, **overrides)
   env['PYTHONPATH'] = os.pathsep.join(
       p for p in (ROOT, os.environ.get('PYTHONPATH')) if p)
