@@ -176,14 +176,12 @@ def _check_flags() -> list[int]:
 @functools.cache
 def _process(algorithm: str, config, dp_flags: tuple, num_clients: int):
   """The algorithm's process as the run built it (DP-FedCG: with its
-  aggregator), traced once per interpreter: a script calling `main` for
-  several attacks on one run (the tests do) traces it once. A process
-  holds computations, no state (each `_Replay` has its own driver)."""
+  aggregator; `_Replay` refuses DP runs of other algorithms), traced once
+  per interpreter: a script calling `main` for several attacks on one run
+  (the tests do) traces it once. A process holds computations, no state
+  (each `_Replay` has its own driver)."""
   from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
   aggregation = {}
-  if dp_flags and algorithm != 'fedcg':
-    raise ValueError(f'only DP-FedCG runs are replayed with their noise, '
-                     f'not a DP {algorithm} run')
   if dp_flags:
     from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
     dp_flags = dict(dp_flags)
@@ -229,13 +227,13 @@ class _Replay:
   def driver(self):
     """The run's driver, built when first needed: a run refused on its
     flags or clients costs no tracing."""
-    from fedcg_tff.program import driver  # pylint: disable=g-import-not-at-top
     if self._driver is None:
+      from fedcg_tff.program import driver as driver_lib  # pylint: disable=g-import-not-at-top
       process = _process(self.run['algorithm'], self.config,
                          tuple(sorted(self.dp.items())),
                          self.task.num_clients)
-      self._driver = driver.Driver(self.config, self.task.num_clients,
-                                   process)
+      self._driver = driver_lib.Driver(self.config, self.task.num_clients,
+                                       process)
     return self._driver
 
   def state_after(self, rounds_done: int):
