@@ -7,6 +7,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from tasks import image_task
+
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.gif')
 
 
@@ -50,7 +52,7 @@ def load_class_folders(directory: str, classes: list[str], image_size: int,
 
 
 def read_image(path: str, image_size: int, channels: int) -> np.ndarray:
-  """One image file as uint8 [size, size, channels] (bilinear resize)."""
+  """One image file as uint8 [size, size, channels] (`image_task.resize`)."""
   # Read by Python, not tf.io.read_file: its errors name the cause, and a
   # file name that is not UTF-8 (from an archive made elsewhere) is read.
   try:
@@ -65,9 +67,7 @@ def read_image(path: str, image_size: int, channels: int) -> np.ndarray:
     raise ValueError(f'{path!r}: unreadable image ({op_error_text(e)})'
                      ) from None
   if image.shape[0] != image_size or image.shape[1] != image_size:
-    image = tf.image.resize(tf.cast(image, tf.float32),
-                            (image_size, image_size), method='bilinear')
-    image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+    image = image_task.resize_uint8(image, image_size)
   return image.numpy()
 
 

@@ -9,6 +9,7 @@ in retries. A missing dataset is reported with the command that prepares it
 import numpy as np
 
 from tasks import image_folder
+from tasks import image_task
 
 
 def load(name: str, splits: list[str], data_dir: str | None = None,
@@ -16,8 +17,8 @@ def load(name: str, splits: list[str], data_dir: str | None = None,
          ) -> list[tuple[np.ndarray, np.ndarray]]:
   """(images uint8 NHWC, labels int32) per split of TFDS dataset `name`.
 
-  With `image_size`, every image is resized (bilinear) to that square size
-  as it is read, which also lets datasets of varying image sizes (DomainNet)
+  With `image_size`, every image is resized to that square size as it is
+  read (`image_task.resize`: bilinear, averaging when it shrinks), which also lets datasets of varying image sizes (DomainNet)
   be stacked; with `channels=3`, grey images are repeated over RGB.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -42,9 +43,7 @@ def load(name: str, splits: list[str], data_dir: str | None = None,
     if channels == 3 and image.shape[-1] == 1:
       image = tf.image.grayscale_to_rgb(image)
     if image_size is not None:
-      image = tf.image.resize(tf.cast(image, tf.float32),
-                              (image_size, image_size), method='bilinear')
-      image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+      image = image_task.resize_uint8(image, image_size)
     return image, example['label']
 
   out = []

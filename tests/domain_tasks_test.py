@@ -13,6 +13,7 @@ from tasks import cifar10
 from tasks import digit5
 from tasks import domainnet
 from tasks import image_folder
+from tasks import image_task
 from tasks import office_caltech10
 from tasks import pooled
 from tasks import registry
@@ -138,6 +139,41 @@ def test_domain_folders_split_50_25_25(tmp_path, module):
   np.testing.assert_array_equal(again.clients[1].val[0], task.clients[1].val[0])
   bigger = module.build(TaskOptions(data_dir=root, image_size=64))
   assert bigger.clients[0].train[0].shape[1:] == (64, 64, 3)
+
+
+def _stripes(size):
+  """Grey [size, size, 1] float images: columns 1 and 2 of every 4 white,
+  the rest black (mean 127.5)."""
+  white = (np.arange(size) % 4 == 1) | (np.arange(size) % 4 == 2)
+  return np.broadcast_to(255.0 * white, (size, size))[..., None].astype(
+      np.float32)
+
+
+def test_shrunk_images_average_what_each_pixel_covers(tmp_path):
+  """Shrunk 4x as torchvision's Resize on PIL images does, every output
+  pixel covers two white and two black columns: grey. Plain bilinear
+  sampling reads only the two white ones and turns the image white. Read
+  from a file (the folder loader) and where the size is known only when
+  the graph runs (TFDS images)."""
+  path = os.path.join(tmp_path, 'stripes.png')
+  tf.io.write_file(path, tf.io.encode_png(tf.constant(_stripes(128),
+                                                      tf.uint8)))
+  read = image_folder.read_image(path, 32, 1)
+  assert read.shape == (32, 32, 1) and read.dtype == np.uint8
+  unknown_size = tf.function(lambda x: image_task.resize(x, 32),
+                             input_signature=[tf.TensorSpec(
+                                 [None, None, 1], tf.float32)])
+  for shrunk in (read.astype(np.float32),
+                 unknown_size(_stripes(128)).numpy()):
+    assert abs(float(shrunk.mean()) - 127.5) < 5, shrunk.mean()
+    assert float(shrunk.std()) < 10, shrunk.std()
+  # Enlarging (FMNIST's 28 -> 32) is plain bilinear, bit for bit, known
+  # size or not: the inputs of the runs made before stay the same.
+  small = np.random.default_rng(0).uniform(0, 255, (28, 28, 1)).astype(
+      np.float32)
+  plain = tf.image.resize(small, (32, 32), method='bilinear').numpy()
+  np.testing.assert_array_equal(image_task.resize(small, 32).numpy(), plain)
+  np.testing.assert_array_equal(unknown_size(small).numpy(), plain)
 
 
 def test_folder_errors_name_the_path(tmp_path):
