@@ -33,6 +33,35 @@ def test_resnet18_split_shapes():
   assert (7, 7, 3, 64) in [w.shape for w in nets.extractor.weights]
 
 
+def test_resnet18_strided_layers_pad_every_side_as_torchvision():
+  """The stem's 7x7 conv, its max pool and a downsampling block's 3x3 conv
+  compute torchvision's `padding=3|1|1` (the same on every side), so their
+  windows line up with the pixels the block's 1x1 shortcut reads. Keras'
+  'same' padding, on these even sizes, pads after the map only: other
+  numbers."""
+  extractor = families.build_extractor('resnet18', 3)
+  unpadded = lambda pad: extractor.get_layer(pad).input
+  checks = (('stem_pad', 'stem_conv', 3), ('stem_pool_pad', 'stem_pool', 1),
+            ('layer2_0_pad', 'layer2_0_conv1', 1))
+  probe = tf.keras.Model(extractor.input, [
+      t for pad, layer, _ in checks
+      for t in (unpadded(pad), extractor.get_layer(layer).output)])
+  outputs = probe(tf.random.stateless_uniform([1, 224, 224, 3], [4, 2]))
+  for (pad, layer, width), x, y in zip(checks, outputs[::2], outputs[1::2]):
+    sides = [[0, 0], [width, width], [width, width], [0, 0]]
+    if layer == 'stem_pool':  # torchvision's pool pads with -inf.
+      want = tf.nn.max_pool2d(tf.pad(x, sides, constant_values=-np.inf), 3,
+                              2, 'VALID')
+    else:
+      want = tf.nn.conv2d(tf.pad(x, sides),
+                          extractor.get_layer(layer).kernel, 2, 'VALID')
+    np.testing.assert_allclose(y.numpy(), want.numpy(), rtol=1e-5,
+                               atol=1e-5, err_msg=layer)
+  # The shortcut reads the even pixels the block's conv is centred on.
+  down = extractor.get_layer('layer2_0_down')
+  assert down.strides == (2, 2) and down.kernel.shape[:2] == (1, 1)
+
+
 def test_models_by_name():
   assert families.image_size('lenet') == FedCGConfig().image_size == 32
   assert families.feature_shape('lenet') == (5, 5, 16)

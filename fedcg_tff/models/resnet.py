@@ -9,6 +9,12 @@ to reach (G) or leave (D) the 28x28 feature map.
 Residual blocks follow torchvision's BasicBlock (3x3 convs without bias,
 batch norm, 1x1 projection shortcut when the shape changes); batch norm uses
 PyTorch's momentum and epsilon, as in `layers`.
+
+Strided layers pad as torchvision's do, the same on every side (`_padded`),
+not as Keras' 'same', which on even sizes puts the extra row and column
+after the map only: its windows would sit one pixel off torchvision's, and
+in a downsampling block the 3x3 conv's windows would be centred one pixel
+off the pixels the 1x1 shortcut reads.
 """
 
 import tensorflow as tf
@@ -24,10 +30,18 @@ def _bn():
       momentum=layers.BN_MOMENTUM, epsilon=layers.BN_EPSILON)
 
 
+def _padded(layer, pad: int, name: str):
+  """`layer` ('valid') on its input zero-padded by `pad` on every side, as
+  torchvision's `padding=pad`. (Its max pool pads with -inf; it follows a
+  ReLU, so zeros give the same maxima.)"""
+  return lambda x: layer(tf.keras.layers.ZeroPadding2D(pad, name=name)(x))
+
+
 def _block(x, filters, stride, name):
   shortcut = x
-  y = tf.keras.layers.Conv2D(filters, 3, stride, padding='same',
-                             use_bias=False, name=f'{name}_conv1')(x)
+  y = _padded(tf.keras.layers.Conv2D(filters, 3, stride, use_bias=False,
+                                     name=f'{name}_conv1'),
+              1, f'{name}_pad')(x)
   y = tf.keras.layers.ReLU()(_bn()(y))
   y = tf.keras.layers.Conv2D(filters, 3, padding='same', use_bias=False,
                              name=f'{name}_conv2')(y)
@@ -46,10 +60,11 @@ def _layer(x, filters, stride, name):
 
 def build_extractor(channels: int = 3) -> tf.keras.Model:
   x = inputs = tf.keras.Input((IMAGE_SIZE, IMAGE_SIZE, channels), name='image')
-  x = tf.keras.layers.Conv2D(64, 7, 2, padding='same', use_bias=False,
-                             name='stem_conv')(x)
+  x = _padded(tf.keras.layers.Conv2D(64, 7, 2, use_bias=False,
+                                     name='stem_conv'), 3, 'stem_pad')(x)
   x = tf.keras.layers.ReLU()(_bn()(x))
-  x = tf.keras.layers.MaxPooling2D(3, 2, padding='same')(x)
+  x = _padded(tf.keras.layers.MaxPooling2D(3, 2, name='stem_pool'), 1,
+              'stem_pool_pad')(x)
   x = _layer(x, 64, 1, 'layer1')
   x = _layer(x, 128, 2, 'layer2')
   x = tf.keras.layers.Activation('sigmoid')(x)
