@@ -43,8 +43,9 @@ class FedCGConfig:
   gan_beta1: float = 0.5
   gan_beta2: float = 0.999
   # PyTorch's default value. TFF's Adam adds it to sqrt(v) before the bias
-  # correction rather than after: eps is effectively scaled by
-  # sqrt(1 - beta2^t), a negligible difference.
+  # correction rather than after: in PyTorch's form it is eps /
+  # sqrt(1 - beta2^t) (3e-7 at step 1, near 1e-8 after a few thousand), a
+  # negligible difference.
   adam_epsilon: float = 1e-8
   local_epochs: int = 20
   gan_epochs: int = 20
