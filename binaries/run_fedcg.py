@@ -677,7 +677,9 @@ def _run(config, task, sampling, pool, resuming):
       what = f'update clipped to {d["dp_clip"]:g}'
     print(f'DP: noise std {d["dp_sigma"]:g} on each client {what} (noise '
           f'multiplier {d["noise_multiplier"]:.3g}); ({d["epsilon"]:.4g}, '
-          f'{d["dp_delta"]:g})-DP per client after {d["releases"]} rounds')
+          f'{d["dp_delta"]:g})-DP per client after {d["releases"]} rounds '
+          f'(a client\'s uploads against zeros; against any other '
+          f'client\'s: epsilon {d["epsilon_replace"]:.4g})')
   clipped = {k: v for k, v in summary.get('secure_clipped', {}).items() if v}
   if clipped:
     print(f'secure aggregation clipped uploads (raise --secure_bound): '

@@ -347,6 +347,15 @@ def test_epsilon_follows_noise_rounds_and_the_rdp_bound():
   three = lambda a: 2 * gaussian(2.0)(a) + gaussian(0.5)(a)
   assert dp.fedcg_epsilon(1.0, 0.5, 2.0, 7, delta=1e-3) == pytest.approx(
       by_hand(three, 7, 1e-3), rel=1e-9)
+  # Replacement adjacency: a record may change by twice the clip, which is
+  # the mechanism with half the noise.
+  assert dp.epsilon(1.0, 1.0, 10, adjacency='replace') == pytest.approx(
+      dp.epsilon(0.5, 1.0, 10), rel=1e-12)
+  assert dp.epsilon(1.0, 1.0, 10, adjacency='replace') > e[1.0]
+  assert dp.describe(1.0, 2.0, 10)['epsilon_replace'] == pytest.approx(
+      dp.epsilon(0.5, 2.0, 10), rel=1e-12)
+  with pytest.raises(ValueError, match="adjacency must be one of"):
+    dp.epsilon(1.0, 1.0, 1, adjacency='add_remove')
   with pytest.raises(ValueError, match='dp_clip'):
     dp.epsilon(0.1, 0.0, 1)
   with pytest.raises(ValueError, match='dp_delta'):

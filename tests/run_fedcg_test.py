@@ -144,6 +144,9 @@ def test_dp_fedcg_flags_give_its_aggregator_and_epsilon(monkeypatch):
     assert made == [('fedcg', 1.0, 0.5, 2.0, 4)]
     summary = run_fedcg.dp_summary(7)['dp']
     assert summary['epsilon'] == dp.fedcg_epsilon(1.0, 0.5, 2.0, 7)
+    # Replacing a client's uploads: twice the sensitivity, as if half the
+    # noise.
+    assert summary['epsilon_replace'] == dp.fedcg_epsilon(0.5, 0.5, 2.0, 7)
     assert summary['dp_teacher_clip'] == 2.0
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['run_fedcg', '--algorithm=fedcg', '--dp_sigma=1',

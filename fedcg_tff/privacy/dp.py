@@ -35,8 +35,10 @@ each. With `--clients_per_round` a client takes part in fewer rounds than
 it is charged for, so the epsilon reported is then an upper bound. As
 the mean divides by the fixed n, removing a client is strictly its record replaced by zeros
 (zero-out adjacency: sensitivity clip). Replacing one client's record by
-another's has sensitivity 2 x clip (half the noise multiplier), which
-`epsilon` does not cover. With the paper's sigmas
+another's (what a server that sees each noised upload may be asked to
+hide) has sensitivity 2 x clip, half the noise multiplier: `adjacency=
+'replace'` accounts for that, and `describe` gives both. With the paper's
+sigmas
 (0.001, 0.1) and any clip that leaves the records intact, the noise
 multiplier is far below 1 and epsilon is enormous: the noise blunts the
 attack but gives no meaningful formal guarantee.
@@ -154,20 +156,37 @@ def fedcg_mean_factory(sigma: float, clip: float, teacher_clip: float,
   return _uniform_mean(nested_query.NestedSumQuery(parts), num_clients)
 
 
+# A client's record changes by at most this many clips between neighbouring
+# datasets: zero-out (its record replaced by zeros: what removing a client
+# is when the mean divides by a fixed n) or replace (by any other record).
+SENSITIVITY_CLIPS = {'zero_out': 1, 'replace': 2}
+
+
 def fedcg_epsilon(sigma: float, clip: float, teacher_clip: float, rounds: int,
-                  delta: float = DEFAULT_DELTA) -> float:
+                  delta: float = DEFAULT_DELTA,
+                  adjacency: str = 'zero_out') -> float:
   """Epsilon at `delta` of `rounds` rounds of DP-FedCG: per round, the
   Gaussian mechanisms of G's update and C's update (noise multiplier
   sigma / clip each) and of the teacher logits (sigma / teacher_clip),
-  composed by the RDP accountant."""
+  composed by the RDP accountant; under `adjacency='replace'` each
+  multiplier is halved."""
   check_parameters(sigma, clip)
   check_parameters(sigma, teacher_clip)
   _check_releases(rounds, delta)
   if sigma == 0:
     return math.inf
-  events = [dp_accounting.GaussianDpEvent(noise_multiplier(sigma, c))
+  events = [dp_accounting.GaussianDpEvent(
+      noise_multiplier(sigma, c * _sensitivity_clips(adjacency)))
             for c in (clip, clip, teacher_clip)]
   return _epsilon(dp_accounting.ComposedDpEvent(events), rounds, delta)
+
+
+def _sensitivity_clips(adjacency: str) -> int:
+  try:
+    return SENSITIVITY_CLIPS[adjacency]
+  except KeyError:
+    raise ValueError(f'adjacency must be one of {tuple(SENSITIVITY_CLIPS)}, '
+                     f'got {adjacency!r}') from None
 
 
 def _check_releases(rounds: int, delta: float) -> None:
@@ -188,15 +207,17 @@ def noise_multiplier(sigma: float, clip: float) -> float:
 
 
 def epsilon(sigma: float, clip: float, rounds: int,
-            delta: float = DEFAULT_DELTA) -> float:
+            delta: float = DEFAULT_DELTA, adjacency: str = 'zero_out') -> float:
   """Epsilon at `delta` after `rounds` releases of one client's record
   through the Gaussian mechanism with std `sigma` and clip `clip`
-  (RDP accountant; `inf` without noise)."""
+  (RDP accountant; `inf` without noise), for neighbours that differ by
+  `adjacency` (`SENSITIVITY_CLIPS`)."""
   check_parameters(sigma, clip)
   _check_releases(rounds, delta)
   if sigma == 0:
     return math.inf
-  return _epsilon(dp_accounting.GaussianDpEvent(noise_multiplier(sigma, clip)),
+  return _epsilon(dp_accounting.GaussianDpEvent(
+      noise_multiplier(sigma, clip * _sensitivity_clips(adjacency))),
                   rounds, delta)
 
 
@@ -204,13 +225,18 @@ def describe(sigma: float, clip: float, rounds: int,
              delta: float = DEFAULT_DELTA,
              teacher_clip: float | None = None) -> dict:
   """The DP figures a report prints, as a JSON-able dict; with
-  `teacher_clip`, DP-FedCG's (three mechanisms a round)."""
+  `teacher_clip`, DP-FedCG's (three mechanisms a round). `epsilon` is
+  zero-out adjacency's, `epsilon_replace` replacement's."""
   out = {'dp_sigma': sigma, 'dp_clip': clip,
          'noise_multiplier': noise_multiplier(sigma, clip),
          'releases': rounds, 'dp_delta': delta}
   if teacher_clip is None:
-    return {**out, 'epsilon': epsilon(sigma, clip, rounds, delta)}
-  return {**out, 'dp_teacher_clip': teacher_clip,
-          'teacher_noise_multiplier': noise_multiplier(sigma, teacher_clip),
-          'mechanisms_per_round': 3,
-          'epsilon': fedcg_epsilon(sigma, clip, teacher_clip, rounds, delta)}
+    account = lambda adjacency: epsilon(sigma, clip, rounds, delta, adjacency)
+  else:
+    out.update(dp_teacher_clip=teacher_clip,
+               teacher_noise_multiplier=noise_multiplier(sigma, teacher_clip),
+               mechanisms_per_round=3)
+    account = lambda adjacency: fedcg_epsilon(sigma, clip, teacher_clip,
+                                              rounds, delta, adjacency)
+  return {**out, 'epsilon': account('zero_out'),
+          'epsilon_replace': account('replace')}
