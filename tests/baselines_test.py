@@ -250,13 +250,14 @@ def test_client_init(client_init):
   assert int(a.seed) != int(b.seed)
 
 
-def test_first_round_is_the_same_for_local_fedavg_and_fedsplit():
+def test_first_round_is_the_same_for_local_fedavg_fedsplit_and_fedgen():
   """Under shared init every client starts round 1 from the same E and C
   whether they come from its state (Local, FedSplit's E) or the broadcast
-  (FedAvg), so the three train identically in round 1, as the published
-  code's Local and FedAvg do."""
+  (FedAvg), so they train identically in round 1, as the published code's
+  Local and FedAvg do; FedGen too, whose generator term starts in round 2
+  (FedGen's code), when G has been trained once."""
   local = _run('local')[0].client_states
-  for algorithm in ('fedavg', 'fedsplit'):
+  for algorithm in ('fedavg', 'fedsplit', 'fedgen'):
     other = _run(algorithm)[0].client_states
     for a, b in zip(local, other):
       assert _equal(a.extractor, b.extractor), algorithm

@@ -288,7 +288,13 @@ def client_update(nets: PartyNetworks, baseline: Baseline, message: ServerMessag
       return (training_tf.noise(*key, [batch, config.noise_dim]),
               training_tf.uniform_labels(*key, batch, config.num_classes))
 
-    # CE(C(G(z, y)), y) on generated features; G is frozen.
+    # CE(C(G(z, y)), y) on generated features; G is frozen. From the second
+    # round on, as FedGen's published code (its `regularization = glob_iter
+    # > 0`): in the first, G is the server's initial draw, untrained, whose
+    # near-constant features would only teach C to guess. Weighted by 0 in
+    # round 1 (its gradient adds exact zeros: E and C train as FedSplit's),
+    # the CE is still computed and reported.
+    extra_weight = tf.cast(round_num > 0, tf.float32)
     extra_loss = training_tf.FrozenNetworkLoss(
         draws=draws,
         network=lambda zy, labels: nets.generator(list(zy), training=False),
