@@ -54,6 +54,8 @@ def test_tracker_keeps_test_at_best_validation():
   assert t.mean_test == pytest.approx(0.675)
   table = t.table()
   assert '65.00' in table and '70.00' in table and '67.50' in table
+  with pytest.raises(ValueError, match='2 clients, but 3 validation'):
+    t.update(3, [0.9, 0.9, 0.9], [0.9, 0.9, 0.9])
 
 
 def test_eta_counts_writing_the_round_out(tmp_path):
@@ -180,6 +182,20 @@ def test_run_resumes_from_checkpoints(tmp_path):
   assert [int(r['round']) for r in rows] == [1, 2, 3, 4, 5, 6]
   assert float(rows[3]['mean/val_accuracy']) == pytest.approx(0.25)  # Not 9.
   assert event_logs.steps(tmp_path / 'tensorboard') == [1, 2, 3, 4, 5, 6]
+  # Round 2's row lost (a power loss: the CSV is appended without fsync,
+  # the checkpoint after it was kept): the resumed run says so and keeps
+  # the rows it has.
+  with open(tmp_path / 'metrics.csv') as f:
+    kept = [line for line in f if not line.startswith('2,')]
+  (tmp_path / 'metrics.csv').write_text(''.join(kept))
+  lines = []
+  round_loop.run(_ScriptedAlgorithm(val, test), lambda r: [r], [None, None],
+                 [None, None], max_rounds=6, patience=9,
+                 writer=run_files.MetricsWriter(str(tmp_path)),
+                 log=lines.append, checkpoints=checkpoints)
+  assert any('has no row for rounds [2]' in line for line in lines), lines
+  with open(tmp_path / 'metrics.csv') as f:
+    assert [int(r['round']) for r in csv.DictReader(f)] == [1, 3, 4, 5, 6]
   # A finished run that is started again does nothing more.
   third = _ScriptedAlgorithm(val, test)
   again = round_loop.run(third, lambda r: [r], [None, None], [None, None],

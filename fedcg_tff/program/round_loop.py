@@ -71,6 +71,9 @@ class BestTracker:
              test: Sequence[float]) -> bool:
     """Records a round; True if any client reached a new best validation."""
     improved = False
+    if not len(val) == len(test) == self.num_clients:
+      raise ValueError(f'{self.num_clients} clients, but {len(val)} '
+                       f'validation and {len(test)} test accuracies')
     for i, (v, t) in enumerate(zip(val, test)):
       if v > self.best_val[i]:
         self.best_val[i], self.test_at_best[i] = float(v), float(t)
@@ -249,7 +252,11 @@ def run(algorithm: Algorithm,
   # (the record) leave out writing the metrics and the checkpoint.
   until_saved = []
   if writer is not None:
-    writer.resume_after(rounds_run)
+    missing = writer.resume_after(rounds_run)
+    if missing:
+      log(f'{writer.csv_path} has no row for rounds {missing} (lost before '
+          'the interruption; the checkpoint kept their state): the '
+          'curves have gaps there')
   if rounds_run and since_best >= patience:
     return RunResult(tracker, rounds_run, True, round_seconds, resumed_from)
   for round_num in range(rounds_run, max_rounds):

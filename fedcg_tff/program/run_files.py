@@ -57,8 +57,10 @@ class MetricsWriter:
       os.replace(path, os.path.join(aside, os.path.basename(path)))
     return aside
 
-  def resume_after(self, rounds_done: int) -> None:
-    """Keeps the metrics of rounds 1..`rounds_done` only, once each.
+  def resume_after(self, rounds_done: int) -> list[int]:
+    """Keeps the metrics of rounds 1..`rounds_done` only, once each, and
+    returns those of them that have no row (a power loss can lose a row
+    the checkpoint after it kept: the CSV is appended without fsync).
 
     The CSV is the record: its rows of later rounds (released before a crash
     that lost their state) are dropped by rewriting it to a temporary file
@@ -69,7 +71,7 @@ class MetricsWriter:
     self._managers = None
     if not os.path.exists(self.csv_path):
       shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
-      return
+      return list(range(1, rounds_done + 1))
     with open(self.csv_path, newline='') as f:
       kept = f.read()
     # A row cut short (a full disk, a crash while appending) has no line
@@ -95,3 +97,5 @@ class MetricsWriter:
              if k != 'round' and v != ''}, key=int(row['round']))
 
     asyncio.run(replay())
+    return sorted(set(range(1, rounds_done + 1)) -
+                  {int(row['round']) for row in rows})
