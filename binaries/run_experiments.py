@@ -156,6 +156,19 @@ def write_reports(runs) -> None:
     else:
       print(f'{metrics_csv} is missing: that run is in the tables but not '
             'in the curves', flush=True)
+  # A normal sweep leaves out the runs that refused its flags; a report of
+  # whatever is there (--report_only) must still not average runs made
+  # with other flags into one cell.
+  for task in FLAGS.tasks:
+    for algorithm in FLAGS.algorithms:
+      differences = report.definition_differences(
+          [run_dir(task, algorithm, r.seed) for r in results
+           if (r.task, r.algorithm) == (task, algorithm)])
+      if differences:
+        raise app.UsageError(
+            f'{task} {algorithm}: its runs were made with other flags, '
+            'which one mean ± std would mix: ' + '; '.join(differences) +
+            ' (choose --seeds, or move those runs); no report was changed')
   if not results:
     if FLAGS.report_only:
       raise app.UsageError(
@@ -166,11 +179,12 @@ def write_reports(runs) -> None:
     print(f'no finished run to report: the reports already in {output_dir}, '
           'if any, were left as they were (an earlier invocation\'s)')
     return
-  # An earlier invocation's reports go next: one this invocation does not
-  # write again (no Local for the gains) would otherwise still show runs
-  # it left out. The sweep's TensorBoard holds only them.
+  # An earlier invocation's reports go next, those of every task: one this
+  # invocation does not write again (no Local for the gains, a task not
+  # asked for now) would otherwise still show runs that results.md leaves
+  # out. The sweep's TensorBoard holds only them.
   for name in ['results.md', 'results.csv'] + [
-      f'{kind}_{task}.{ext}' for task in FLAGS.tasks
+      f'{kind}_{task}.{ext}' for task in TASKS
       for kind, ext in (('paper', 'md'), ('curves', 'png'), ('gain', 'png'))]:
     if os.path.exists(os.path.join(output_dir, name)):
       os.remove(os.path.join(output_dir, name))

@@ -91,9 +91,19 @@ def test_load_result_reads_rounds_and_the_median_round_time(tmp_path):
            'run': dict(report.PAPER_PROTOCOL['run'], num_clients=None)}
   (tmp_path / 'run.json').write_text(json.dumps(paper))
   assert load().paper_protocol is True
-  paper['config']['gan_epochs'] = 1
+  for part, key, value in (('config', 'gan_epochs', 1),
+                           ('config', 'weight_decay', 0.0),
+                           ('config', 'distance', 'cos'),
+                           ('run', 'patience', 3),
+                           ('run', 'train_per_client', 500),
+                           ('run', 'num_clients', 8)):
+    changed = json.loads(json.dumps(paper))
+    changed[part][key] = value
+    (tmp_path / 'run.json').write_text(json.dumps(changed))
+    assert load().paper_protocol is False, key
+  paper['run']['train_per_client'] = 2000
   (tmp_path / 'run.json').write_text(json.dumps(paper))
-  assert load().paper_protocol is False
+  assert load().paper_protocol is True
   results = json.loads((tmp_path / 'results.json').read_text())
   (tmp_path / 'results.json').write_text(json.dumps(dict(results, host='h')))
   assert load().host == 'h'
@@ -131,6 +141,17 @@ def test_curves_come_from_metrics_csv_and_average_over_the_seeds_run(
   pixels = report.curve_chart({'fedcg': mean}, 'fmnist',
                               str(tmp_path / 'c.png'))
   assert pixels.ndim == 3 and (tmp_path / 'c.png').exists()
+  # A round whose row was lost (a power loss before its checkpoint was)
+  # leaves a gap: later rounds stay at their round, and the mean there is
+  # the other runs'.
+  path.write_text('round,mean/val_accuracy,mean/test_accuracy\n'
+                  '1,0.4,0.3\n3,0.7,0.6\n')
+  gapped = report.load_curves(str(path))
+  np.testing.assert_allclose(gapped['mean/val_accuracy'], [0.4, np.nan, 0.7])
+  mean = report.mean_curves([gapped, longer])
+  np.testing.assert_allclose(mean['mean/val_accuracy'], [0.3, 0.4, 0.8])
+  report.curve_chart({'fedcg': report.mean_curves([gapped])}, 'fmnist',
+                     str(tmp_path / 'gap.png'))
 
 
 def _sweep(args, timeout=900, cwd=binary_runs.ROOT):
@@ -188,9 +209,21 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   # A run without its metrics.csv: in the tables, not in the curves.
   shutil.copytree(out / 'fmnist', tmp_path / 'no_csv')
   os.remove(tmp_path / 'no_csv' / 'fedprox' / 'seed_3' / 'metrics.csv')
+  # An earlier invocation's report of another task goes with the others:
+  # results.md no longer shows its runs.
+  (tmp_path / 'flat' / 'paper_cifar10.md').write_text('stale')
+  # A report of whatever is there refuses to average a run made with other
+  # flags (FedProx's seed 4, at another lr) with the others of its cell.
+  shutil.copytree(out / 'fmnist', tmp_path / 'mixed')
+  shutil.copytree(tmp_path / 'mixed' / 'fedprox' / 'seed_3',
+                  tmp_path / 'mixed' / 'fedprox' / 'seed_4')
+  other = tmp_path / 'mixed' / 'fedprox' / 'seed_4' / 'run.json'
+  definition = json.loads(other.read_text())
+  definition['config'].update(seed=4, lr=0.001)
+  other.write_text(json.dumps(definition))
   # Then rerunning skips a finished run, and other run flags are refused
   # rather than mixed into the table (one of the four runs shows both).
-  # These four calls share one interpreter (one import of TensorFlow).
+  # These five calls share one interpreter (one import of TensorFlow).
   one_run = ['--output_dir=sweep', '--algorithms=local', '--tasks=fmnist',
              '--seeds=3']
   stops, done = binary_runs.main_calls('run_experiments', [
@@ -198,8 +231,14 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
       ['--output_dir=no_csv', *args[1:-1], '--report_only', '--notask_dirs'],
       [*one_run, run_flags],
       [*one_run, run_flags + ' --lr=0.001'],
+      ['--output_dir=mixed', '--algorithms=local,fedprox', '--tasks=fmnist',
+       '--seeds=3,4', '--report_only', '--notask_dirs'],
   ], timeout=300, cwd=tmp_path)
-  assert len(stops) == 4, done.stderr[-3000:]
+  assert len(stops) == 5, done.stderr[-3000:]
+  assert not (tmp_path / 'flat' / 'paper_cifar10.md').exists()
+  assert stops[4] and 'fmnist fedprox: its runs were made with other flags' \
+      in stops[4] and 'config.lr 0.001' in stops[4], stops[4]
+  assert not (tmp_path / 'mixed' / 'results.md').exists()
   remade, no_csv, again, changed = done.stdout.split('MAIN_CALL ')[:4]
   assert stops[:3] == [None, None, None], (stops, done.stderr[-3000:])
   assert (tmp_path / 'flat' / 'results.md').read_text() == table

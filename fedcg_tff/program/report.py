@@ -54,8 +54,10 @@ def load_result(path: str, task: str, algorithm: str, seed: int) -> RunResult:
     with open(definition) as f:
       protocol = _at_paper_protocol(json.load(f))
   metrics_csv = os.path.join(os.path.dirname(path), 'metrics.csv')
-  seconds = (load_curves(metrics_csv, ('round_seconds',))['round_seconds']
-             if os.path.exists(metrics_csv) else None)
+  seconds = None
+  if os.path.exists(metrics_csv):
+    seconds = load_curves(metrics_csv, ('round_seconds',))['round_seconds']
+    seconds = seconds[np.isfinite(seconds)]
   return RunResult(task, algorithm, seed,
                    tuple(float(v) for v in r['test_accuracy_at_best_val']),
                    tuple(r.get('client_names', ())), r.get('rounds_run'),
@@ -64,14 +66,20 @@ def load_result(path: str, task: str, algorithm: str, seed: int) -> RunResult:
                    len(seconds) else None, protocol, r.get('host'))
 
 
-# The paper's per-round budget and client setup (FEDCG_SPEC.md), as run.json
-# records them: what a run must have used to stand beside Table 1.
+# The paper's per-round budget, losses and client setup (FEDCG_SPEC.md), as
+# run.json records them: what a run must have used to stand beside Table 1.
+# Not the round cap: the reports show the rounds each run ran.
 PAPER_PROTOCOL = {
-    'config': {'batch_size': 8, 'lr': 3e-4, 'local_epochs': 20,
-               'gan_epochs': 20, 'server_epochs': 20,
-               'server_steps_per_epoch': 100},
-    'run': {'partition': 'iid', 'add_noise': False},
+    'config': {'batch_size': 8, 'lr': 3e-4, 'weight_decay': 1e-4,
+               'noise_dim': 100, 'local_epochs': 20, 'gan_epochs': 20,
+               'server_epochs': 20, 'server_steps_per_epoch': 100,
+               'distance': 'mse', 'gamma_ramp_rounds': 50},
+    'run': {'partition': 'iid', 'add_noise': False, 'patience': 20},
 }
+# run.json fields where more than one value is the protocol's: the task's
+# default (None) or the spec's figure.
+PAPER_PROTOCOL_EITHER = {'num_clients': (None, 4),
+                         'train_per_client': (None, 2000)}
 
 
 def _at_paper_protocol(definition: dict) -> bool:
@@ -79,7 +87,45 @@ def _at_paper_protocol(definition: dict) -> bool:
     held = definition.get(part, {})
     if any(held.get(k) != v for k, v in wanted.items()):
       return False
-  return definition.get('run', {}).get('num_clients') in (None, 4)
+  run = definition.get('run', {})
+  return all(run.get(k) in allowed
+             for k, allowed in PAPER_PROTOCOL_EITHER.items())
+
+
+def _flattened(definition: dict, prefix: str = '') -> dict:
+  out = {}
+  for key, value in definition.items():
+    if isinstance(value, dict):
+      out.update(_flattened(value, f'{prefix}{key}.'))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def definition_differences(run_dirs: Sequence[str]) -> list[str]:
+  """How the run.json of each of `run_dirs` (the seeds of one task and
+  algorithm) differs from the first's, the seed and data directory aside:
+  one line per run, `<dir>: config.lr 0.001 (<first dir>: 0.0003)`. Runs
+  made with other flags would mix into one mean ± std. Runs without a
+  run.json are not compared."""
+  ignored = ('config.seed', 'run.data_dir')
+  held = []
+  for run_dir in run_dirs:
+    path = os.path.join(run_dir, 'run.json')
+    if os.path.exists(path):
+      with open(path) as f:
+        held.append((run_dir, _flattened(json.load(f))))
+  if not held:
+    return []
+  (first_dir, first), out = held[0], []
+  for run_dir, flat in held[1:]:
+    keys = sorted(k for k in set(first) | set(flat)
+                  if k not in ignored and first.get(k) != flat.get(k))
+    if keys:
+      out.append(f'{run_dir}: ' + ', '.join(
+          f'{k} {flat.get(k)!r} ({first_dir}: {first.get(k)!r})'
+          for k in keys))
+  return out
 
 
 def _ordered(values: Iterable[str], preferred: Sequence[str]) -> list[str]:
@@ -259,25 +305,34 @@ CURVE_METRICS = ('mean/val_accuracy', 'mean/test_accuracy')
 def load_curves(metrics_csv: str, metrics: Sequence[str] = CURVE_METRICS
                 ) -> dict[str, np.ndarray]:
   """Per metric (default: CURVE_METRICS), its value at each round of a run
-  (from the run's metrics.csv: a report needs no checkpoint)."""
+  (from the run's metrics.csv: a report needs no checkpoint): element r is
+  round r + 1's, NaN for a round without a row (lost to a crash before its
+  checkpoint was: the run resumed after it, `run_files.resume_after`), so
+  that later rounds stay in their place."""
   import csv as csv_module  # pylint: disable=g-import-not-at-top
   with open(metrics_csv, newline='') as f:
-    rows = list(csv_module.DictReader(f))
-  rows.sort(key=lambda r: int(r['round']))
-  return {name: np.array([float(r[name]) for r in rows])
-          for name in metrics}
+    rows = {int(r['round']): r for r in csv_module.DictReader(f)}
+  out = {}
+  for name in metrics:
+    values = np.full(max(rows, default=0), np.nan)
+    for round_num, row in rows.items():
+      values[round_num - 1] = float(row[name])
+    out[name] = values
+  return out
 
 
 def mean_curves(curves: Sequence[dict[str, np.ndarray]]
                 ) -> dict[str, np.ndarray]:
   """The mean over runs (seeds) at each round, over the runs that reached
-  it (runs that stopped early drop out of later rounds)."""
+  it and have its row (runs that stopped early drop out of later rounds;
+  NaN where no run has the round)."""
   out = {}
   for name in CURVE_METRICS:
     longest = max(len(c[name]) for c in curves)
-    out[name] = np.array([np.mean([c[name][r] for c in curves
-                                   if len(c[name]) > r])
-                          for r in range(longest)])
+    at_round = [[c[name][r] for c in curves
+                 if len(c[name]) > r and np.isfinite(c[name][r])]
+                for r in range(longest)]
+    out[name] = np.array([np.mean(v) if v else np.nan for v in at_round])
   return out
 
 
