@@ -223,6 +223,32 @@ def test_finished_run_is_recognised_and_a_foreign_run_json_named(tmp_path):
     run_record.finished_run(str(tmp_path), same)
 
 
+def test_starting_over_keeps_the_record_of_saves_set_aside_before(tmp_path):
+  """Every save damaged: a resume set them aside, then stopped before the
+  run moved its metrics aside. The next start finds only the damaged
+  saves, and still moves the record of the rounds run aside, not
+  truncating it."""
+  checkpoints = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
+  val, test = [[0.1], [0.2], [0.3]], [[0.1], [0.2], [0.3]]
+  round_loop.run(_ScriptedAlgorithm(val, test), lambda r: [r], [None],
+                 [None], max_rounds=2, patience=9,
+                 writer=run_files.MetricsWriter(str(tmp_path)),
+                 log=lambda _: None, checkpoints=checkpoints)
+  for rounds_done in checkpoints.kept_rounds():
+    checkpoint.set_aside(checkpoints.path(rounds_done))
+  lines = []
+  round_loop.run(_ScriptedAlgorithm(val, test), lambda r: [r], [None],
+                 [None], max_rounds=1, patience=9,
+                 writer=run_files.MetricsWriter(str(tmp_path)),
+                 log=lines.append, checkpoints=checkpoints)
+  earlier, = glob.glob(str(tmp_path / 'earlier_attempt_*'))
+  with open(os.path.join(earlier, 'metrics.csv')) as f:
+    assert [int(r['round']) for r in csv.DictReader(f)] == [1, 2]
+  assert any('moved to' in line for line in lines), lines
+  with open(tmp_path / 'metrics.csv') as f:
+    assert [int(r['round']) for r in csv.DictReader(f)] == [1]
+
+
 def test_resume_sets_aside_only_what_is_damaged(tmp_path):
   """A save `restore` finds damaged (DamagedState) is set aside and the
   older one restored; any other error of `restore` is a bug of the caller:

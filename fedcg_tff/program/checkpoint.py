@@ -198,6 +198,14 @@ class Checkpoints:
     """The completed-round counts of the saves kept, ascending."""
     return sorted(asyncio.run(self._manager.get_versions()) or [])
 
+  def had_saves(self) -> bool:
+    """Whether this run saved a round: a save is kept, or one was set aside
+    as damaged (by this resume, or by one that stopped before the run
+    moved its earlier record aside)."""
+    return bool(self.kept_rounds()) or (
+        os.path.isdir(self.directory) and
+        any(n.startswith('damaged_') for n in os.listdir(self.directory)))
+
   def save(self, rounds_done: int, state: dict[str, Any]) -> None:
     asyncio.run(self._manager.save(state, rounds_done))
 

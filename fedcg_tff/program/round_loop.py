@@ -231,7 +231,7 @@ def run(algorithm: Algorithm,
       algorithm.restore(checkpoint.unpack(state['algorithm'], fresh))
       saved.update(state)
 
-    had_saves = bool(checkpoints.kept_rounds())
+    had_saves = checkpoints.had_saves()
     rounds_run = checkpoints.resume(template, restore, log)
     if not rounds_run:
       # Starting over (also after every save was set aside): the fresh
