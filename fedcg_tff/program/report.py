@@ -306,9 +306,9 @@ def load_curves(metrics_csv: str, metrics: Sequence[str] = CURVE_METRICS
                 ) -> dict[str, np.ndarray]:
   """Per metric (default: CURVE_METRICS), its value at each round of a run
   (from the run's metrics.csv: a report needs no checkpoint): element r is
-  round r + 1's, NaN for a round without a row (lost to a crash before its
-  checkpoint was: the run resumed after it, `run_files.resume_after`), so
-  that later rounds stay in their place."""
+  round r + 1's, NaN for a round without a row (lost to a power loss that
+  its checkpoint survived: `run_files.resume_after` names it), so that
+  later rounds stay in their place."""
   import csv as csv_module  # pylint: disable=g-import-not-at-top
   with open(metrics_csv, newline='') as f:
     rows = {int(r['round']): r for r in csv_module.DictReader(f)}
