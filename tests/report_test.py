@@ -141,7 +141,7 @@ def test_curves_come_from_metrics_csv_and_average_over_the_seeds_run(
   pixels = report.curve_chart({'fedcg': mean}, 'fmnist',
                               str(tmp_path / 'c.png'))
   assert pixels.ndim == 3 and (tmp_path / 'c.png').exists()
-  # A round whose row was lost (a power loss before its checkpoint was)
+  # A round whose row was lost (a power loss that its checkpoint survived)
   # leaves a gap: later rounds stay at their round, and the mean there is
   # the other runs'.
   path.write_text('round,mean/val_accuracy,mean/test_accuracy\n'
