@@ -301,11 +301,12 @@ def test_feddf_distils_after_averaging(tmp_path):
 
 
 def test_fedgen_trains_generator_on_server_and_shares_c_and_g():
-  driver, server0, _, metrics = _run('fedgen')
+  # Two rounds: the clients' generator term starts in the second.
+  driver, server0, _, metrics = _run('fedgen', rounds=2)
   assert set(driver.server_state.shared) == {'classifier'}
   assert not np.allclose(driver.server_state.generator[1],
                          server0.generator[1])
-  assert int(driver.server_state.optimizer_state['step']) == 3
+  assert int(driver.server_state.optimizer_state['step']) == 6
   for i in range(len(SIZES)):
     assert metrics[f'client_{i}/extra_loss'] > 0  # CE on generated features.
   assert metrics['server/diversity'] > 0

@@ -291,15 +291,22 @@ def client_update(nets: PartyNetworks, baseline: Baseline, message: ServerMessag
     # CE(C(G(z, y)), y) on generated features; G is frozen. From the second
     # round on, as FedGen's published code (its `regularization = glob_iter
     # > 0`): in the first, G is the server's initial draw, untrained, whose
-    # near-constant features would only teach C to guess. Weighted by 0 in
-    # round 1 (its gradient adds exact zeros: E and C train as FedSplit's),
-    # the CE is still computed and reported.
-    extra_weight = tf.cast(round_num > 0, tf.float32)
+    # near-constant features would only teach C to guess. In round 1 C does
+    # not even see them (a `tf.cond`: no batch-norm statistics of
+    # generated features either), so E and C train as FedSplit's, and the
+    # term reads 0.
+    def generated_ce(features, labels, zy, generated):
+      del features, labels
+      return tf.cond(
+          round_num > 0,
+          lambda: training_tf.cross_entropy(
+              zy[1], nets.classifier(generated, training=True)),
+          lambda: tf.constant(0.0))
+
     extra_loss = training_tf.FrozenNetworkLoss(
         draws=draws,
         network=lambda zy, labels: nets.generator(list(zy), training=False),
-        loss=lambda features, labels, zy, generated: training_tf.cross_entropy(
-            zy[1], nets.classifier(generated, training=True)))
+        loss=generated_ce)
 
   num_examples = training_tf.count_examples(dataset)
   # Passes over `dataset` in order: see training_tf.PASS_ORDER_NOTE.
