@@ -96,7 +96,11 @@ def test_load_result_reads_rounds_and_the_median_round_time(tmp_path):
                            ('config', 'distance', 'cos'),
                            ('run', 'patience', 3),
                            ('run', 'train_per_client', 500),
-                           ('run', 'num_clients', 8)):
+                           ('run', 'num_clients', 8),
+                           ('config', 'model', 'resnet18'),
+                           ('config', 'client_init', 'private'),
+                           ('run', 'dp_sigma', 0.1),
+                           ('run', 'clients_per_round', 2)):
     changed = json.loads(json.dumps(paper))
     changed[part][key] = value
     (tmp_path / 'run.json').write_text(json.dumps(changed))
@@ -215,6 +219,7 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   # A report of whatever is there refuses to average a run made with other
   # flags (FedProx's seed 4, at another lr) with the others of its cell.
   shutil.copytree(out / 'fmnist', tmp_path / 'mixed')
+  (tmp_path / 'mixed' / 'results.md').write_text('an earlier report')
   shutil.copytree(tmp_path / 'mixed' / 'fedprox' / 'seed_3',
                   tmp_path / 'mixed' / 'fedprox' / 'seed_4')
   other = tmp_path / 'mixed' / 'fedprox' / 'seed_4' / 'run.json'
@@ -236,9 +241,11 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   ], timeout=300, cwd=tmp_path)
   assert len(stops) == 5, done.stderr[-3000:]
   assert not (tmp_path / 'flat' / 'paper_cifar10.md').exists()
-  assert stops[4] and 'fmnist fedprox: its runs were made with other flags' \
-      in stops[4] and 'config.lr 0.001' in stops[4], stops[4]
-  assert not (tmp_path / 'mixed' / 'results.md').exists()
+  refused = stops[4] or ''
+  assert ('fmnist fedprox: its runs were made with other flags' in refused
+          and '--lr: stored 0.0003, given 0.001' in refused), stops[4]
+  assert (tmp_path / 'mixed' / 'results.md').read_text() == (
+      'an earlier report')  # Refused before any report is touched.
   remade, no_csv, again, changed = done.stdout.split('MAIN_CALL ')[:4]
   assert stops[:3] == [None, None, None], (stops, done.stderr[-3000:])
   assert (tmp_path / 'flat' / 'results.md').read_text() == table

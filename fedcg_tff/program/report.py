@@ -18,6 +18,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from fedcg_tff.program import run_record
+
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
@@ -70,16 +72,21 @@ def load_result(path: str, task: str, algorithm: str, seed: int) -> RunResult:
 # run.json records them: what a run must have used to stand beside Table 1.
 # Not the round cap: the reports show the rounds each run ran.
 PAPER_PROTOCOL = {
-    'config': {'batch_size': 8, 'lr': 3e-4, 'weight_decay': 1e-4,
-               'noise_dim': 100, 'local_epochs': 20, 'gan_epochs': 20,
-               'server_epochs': 20, 'server_steps_per_epoch': 100,
-               'distance': 'mse', 'gamma_ramp_rounds': 50},
+    'config': {'model': 'lenet', 'batch_size': 8, 'lr': 3e-4,
+               'weight_decay': 1e-4, 'noise_dim': 100, 'local_epochs': 20,
+               'gan_epochs': 20, 'server_epochs': 20,
+               'server_steps_per_epoch': 100, 'distance': 'mse',
+               'gamma_ramp_rounds': 50, 'client_optimizer': 'adam',
+               'prox_mu': 0.01, 'client_init': 'shared'},
     'run': {'partition': 'iid', 'add_noise': False, 'patience': 20},
 }
 # run.json fields where more than one value is the protocol's: the task's
 # default (None) or the spec's figure.
 PAPER_PROTOCOL_EITHER = {'num_clients': (None, 4),
                          'train_per_client': (None, 2000)}
+# What run.json holds only for runs unlike the paper's: DP noise, secure
+# aggregation, client sampling (`run_fedcg`'s definition).
+NOT_PAPER_PROTOCOL = ('dp_sigma', 'aggregation', 'clients_per_round')
 
 
 def _at_paper_protocol(definition: dict) -> bool:
@@ -88,43 +95,31 @@ def _at_paper_protocol(definition: dict) -> bool:
     if any(held.get(k) != v for k, v in wanted.items()):
       return False
   run = definition.get('run', {})
-  return all(run.get(k) in allowed
-             for k, allowed in PAPER_PROTOCOL_EITHER.items())
-
-
-def _flattened(definition: dict, prefix: str = '') -> dict:
-  out = {}
-  for key, value in definition.items():
-    if isinstance(value, dict):
-      out.update(_flattened(value, f'{prefix}{key}.'))
-    else:
-      out[prefix + key] = value
-  return out
+  return (all(run.get(k) in allowed
+              for k, allowed in PAPER_PROTOCOL_EITHER.items()) and
+          not any(k in run for k in NOT_PAPER_PROTOCOL))
 
 
 def definition_differences(run_dirs: Sequence[str]) -> list[str]:
   """How the run.json of each of `run_dirs` (the seeds of one task and
-  algorithm) differs from the first's, the seed and data directory aside:
-  one line per run, `<dir>: config.lr 0.001 (<first dir>: 0.0003)`. Runs
-  made with other flags would mix into one mean ± std. Runs without a
-  run.json are not compared."""
-  ignored = ('config.seed', 'run.data_dir')
+  algorithm) differs from the first's, the seed and data directory aside,
+  one line per run (`run_record.differences`: the first run's value is
+  "stored", this run's "given"). Runs made with other flags would mix into
+  one mean ± std. Runs without a run.json are not compared."""
   held = []
   for run_dir in run_dirs:
     path = os.path.join(run_dir, 'run.json')
     if os.path.exists(path):
       with open(path) as f:
-        held.append((run_dir, _flattened(json.load(f))))
-  if not held:
-    return []
-  (first_dir, first), out = held[0], []
-  for run_dir, flat in held[1:]:
-    keys = sorted(k for k in set(first) | set(flat)
-                  if k not in ignored and first.get(k) != flat.get(k))
-    if keys:
-      out.append(f'{run_dir}: ' + ', '.join(
-          f'{k} {flat.get(k)!r} ({first_dir}: {first.get(k)!r})'
-          for k in keys))
+        definition = json.load(f)
+      definition.get('config', {}).pop('seed', None)
+      definition.get('run', {}).pop('data_dir', None)
+      held.append((run_dir, definition))
+  out = []
+  for run_dir, definition in held[1:]:
+    differing = run_record.differences(held[0][1], definition)
+    if differing:
+      out.append(f'{run_dir} against {held[0][0]}: {differing}')
   return out
 
 
@@ -311,7 +306,8 @@ def load_curves(metrics_csv: str, metrics: Sequence[str] = CURVE_METRICS
   later rounds stay in their place."""
   import csv as csv_module  # pylint: disable=g-import-not-at-top
   with open(metrics_csv, newline='') as f:
-    rows = {int(r['round']): r for r in csv_module.DictReader(f)}
+    rows = {int(r['round']): r for r in csv_module.DictReader(f)
+            if int(r['round']) >= 1}
   out = {}
   for name in metrics:
     values = np.full(max(rows, default=0), np.nan)

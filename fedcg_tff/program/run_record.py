@@ -145,7 +145,7 @@ def prepare_output_dir(output_dir: str, run_definition: dict) -> bool:
     if normalise(stored) != normalise(run_definition):
       raise FileExistsError(
           f'--output_dir {output_dir!r} holds a run with other flags '
-          f'({_differences(normalise(stored), normalise(run_definition))}); '
+          f'({differences(normalise(stored), normalise(run_definition))}); '
           'rerun with the same flags to resume it, or choose a new directory')
     return True
   os.makedirs(output_dir, exist_ok=True)
@@ -161,13 +161,13 @@ class _Missing:
 _MISSING = _Missing()
 
 
-def _differences(stored: dict, wanted: dict) -> str:
+def differences(stored: dict, wanted: dict) -> str:
   """'--name: stored x, given y' for each differing (nested) entry."""
   out = []
   for key in sorted(set(stored) | set(wanted)):
     a, b = stored.get(key, _MISSING), wanted.get(key, _MISSING)
     if isinstance(a, dict) and isinstance(b, dict):
-      inner = _differences(a, b)
+      inner = differences(a, b)
       if inner:
         out.append(inner)
     elif a != b:
