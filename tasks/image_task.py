@@ -256,8 +256,8 @@ def resize(images, image_size: int):
   same. Plain bilinear sampling would read only the 2 x 2 input pixels
   nearest each output pixel's centre: a 300-pixel photo (Office-Caltech10,
   DomainNet) brought to LeNet's 32 would skip most of its pixels and alias.
-  Enlarging (FMNIST's and Digit5's 28 -> 32), the two filters are the same
-  and plain bilinear is kept: the antialiased kernel computes it with other
+  Enlarging (FMNIST's and MNIST's 28 -> 32, USPS's 16 -> 32), the two
+  filters are the same and plain bilinear is kept: the antialiased kernel computes it with other
   float rounding, which would change inputs that runs already used. Where
   the size is known only when the graph runs (TFDS images), the choice is a
   `tf.cond`.

@@ -18,8 +18,9 @@ def load(name: str, splits: list[str], data_dir: str | None = None,
   """(images uint8 NHWC, labels int32) per split of TFDS dataset `name`.
 
   With `image_size`, every image is resized to that square size as it is
-  read (`image_task.resize`: bilinear, averaging when it shrinks), which also lets datasets of varying image sizes (DomainNet)
-  be stacked; with `channels=3`, grey images are repeated over RGB.
+  read (`image_task.resize`: bilinear, averaging when it shrinks), which
+  also lets datasets of varying image sizes (DomainNet) be stacked; with
+  `channels=3`, grey images are repeated over RGB.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top

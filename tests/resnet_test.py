@@ -37,8 +37,8 @@ def test_resnet18_strided_layers_pad_every_side_as_torchvision():
   """The stem's 7x7 conv, its max pool and a downsampling block's 3x3 conv
   compute torchvision's `padding=3|1|1` (the same on every side), so their
   windows line up with the pixels the block's 1x1 shortcut reads. Keras'
-  'same' padding, on these even sizes, pads after the map only: other
-  numbers."""
+  'same' padding, on these even sizes one more after the map than before,
+  gives other numbers."""
   extractor = families.build_extractor('resnet18', 3)
   unpadded = lambda pad: extractor.get_layer(pad).input
   checks = (('stem_pad', 'stem_conv', 3), ('stem_pool_pad', 'stem_pool', 1),
@@ -57,9 +57,14 @@ def test_resnet18_strided_layers_pad_every_side_as_torchvision():
                           extractor.get_layer(layer).kernel, 2, 'VALID')
     np.testing.assert_allclose(y.numpy(), want.numpy(), rtol=1e-5,
                                atol=1e-5, err_msg=layer)
-  # The shortcut reads the even pixels the block's conv is centred on.
+    if layer != 'stem_pool':  # Keras' 'same' would not give these.
+      same = tf.nn.conv2d(x, extractor.get_layer(layer).kernel, 2, 'SAME')
+      assert not np.allclose(y.numpy(), same.numpy(), atol=1e-3), layer
+  # The shortcut, a 1x1 stride-2 conv without padding, reads the even
+  # pixels, on which the padded 3x3 conv's windows are centred.
   down = extractor.get_layer('layer2_0_down')
   assert down.strides == (2, 2) and down.kernel.shape[:2] == (1, 1)
+  assert down.padding == 'valid'
 
 
 def test_models_by_name():

@@ -11,10 +11,11 @@ batch norm, 1x1 projection shortcut when the shape changes); batch norm uses
 PyTorch's momentum and epsilon, as in `layers`.
 
 Strided layers pad as torchvision's do, the same on every side (`_padded`),
-not as Keras' 'same', which on even sizes puts the extra row and column
-after the map only: its windows would sit one pixel off torchvision's, and
-in a downsampling block the 3x3 conv's windows would be centred one pixel
-off the pixels the 1x1 shortcut reads.
+not as Keras' 'same', which on these even sizes pads one row and column
+more after the map than before it (0 and 1 for the 3x3 conv and the pool,
+2 and 3 for the 7x7 stem): its windows would sit one pixel off
+torchvision's, and in a downsampling block the 3x3 conv's windows would be
+centred one pixel off the pixels the 1x1 shortcut reads.
 """
 
 import tensorflow as tf

@@ -199,9 +199,11 @@ class Checkpoints:
     return sorted(asyncio.run(self._manager.get_versions()) or [])
 
   def had_saves(self) -> bool:
-    """Whether this run saved a round: a save is kept, or one was set aside
-    as damaged (by this resume, or by one that stopped before the run
-    moved its earlier record aside)."""
+    """Whether this run saved a round: a save is kept (one that `resume`
+    may yet set aside), or an earlier resume set one aside as damaged (and
+    may have stopped before the run moved its record aside). A run that
+    then starts over moves its metrics aside: at worst an extra
+    `earlier_attempt_*` directory, never a record lost."""
     return bool(self.kept_rounds()) or (
         os.path.isdir(self.directory) and
         any(n.startswith('damaged_') for n in os.listdir(self.directory)))
