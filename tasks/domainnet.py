@@ -25,8 +25,6 @@ CLASSES = ['bird', 'feather', 'headphones', 'ice_cream', 'teapot', 'tiger',
 def _from_tfds(domain: str, options: TaskOptions):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   name = f'domainnet/{domain}'
-  parts = tfds_loader.load(name, ['train', 'test'], options.data_dir,
-                           image_size=options.image_size, channels=3)
   names = tfds.builder(name, data_dir=options.data_dir).info.features[
       'label'].names
   missing = [c for c in CLASSES if c not in names]
@@ -35,6 +33,9 @@ def _from_tfds(domain: str, options: TaskOptions):
   remap = np.full(len(names), -1, np.int32)
   for new, c in enumerate(CLASSES):
     remap[names.index(c)] = new
+  parts = tfds_loader.load(name, ['train', 'test'], options.data_dir,
+                           image_size=options.image_size, channels=3,
+                           keep_labels=[names.index(c) for c in CLASSES])
   images = np.concatenate([p[0] for p in parts])
   labels = remap[np.concatenate([p[1] for p in parts])]
   keep = labels >= 0

@@ -280,6 +280,19 @@ def test_cifar10_from_tfds_with_four_or_eight_clients():
   assert sum(len(c.train[1]) for c in eight.clients) == 160
 
 
+def test_tfds_loader_keeps_only_the_labels_asked_for():
+  """Filtered as read: DomainNet's ten classes of 345 (all of them decoded,
+  resized and stacked first could not fit in memory at 224 x 224)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  with tfds.testing.mock_data(num_examples=60):
+    (_, every), = tfds_loader.load('mnist', ['test'], image_size=8)
+    (images, kept), = tfds_loader.load('mnist', ['test'], image_size=8,
+                                       keep_labels=[3, 7])
+  assert set(kept) <= {3, 7} and 0 < len(kept) < len(every)
+  assert len(kept) == np.isin(every, [3, 7]).sum()
+  assert images.shape == (len(kept), 8, 8, 1)
+
+
 def test_domainnet_from_tfds_keeps_the_ten_classes():
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   with tfds.testing.mock_data(num_examples=800):
@@ -297,7 +310,13 @@ def test_domainnet_keeps_its_ten_named_classes_not_the_first_ten(
   into its pixels, and each kept image's index must name CLASSES[label]."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  def load(name, splits, data_dir=None, image_size=None, channels=3):
+  asked = []
+
+  def load(name, splits, data_dir=None, image_size=None, channels=3,
+           keep_labels=None):
+    # Every class, whatever `keep_labels` asks: the remapping must drop
+    # the others too.
+    asked.append(list(keep_labels))
     count = len(tfds.builder(name).info.features['label'].names)
     labels = np.arange(count, dtype=np.int64)
     images = np.zeros((count, image_size, image_size, channels), np.uint8)
@@ -315,6 +334,9 @@ def test_domainnet_keeps_its_ten_named_classes_not_the_first_ten(
                                               for l in labels]
     kept = np.concatenate([client.train[1], client.val[1], client.test[1]])
     assert sorted(kept) == sorted(list(range(10)) * 2)  # Both splits, all.
+  # The loader is asked for the ten classes alone, by their TFDS indices.
+  assert asked == [[names.index(c) for c in domainnet.CLASSES]] * len(
+      domainnet.DOMAINS), asked
 
 
 def test_labels_outside_the_class_range_are_rejected():
