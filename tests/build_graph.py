@@ -8,6 +8,7 @@ BUILD that passes it (the header and rules below are the whole file).
 
 import ast
 import os
+import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE_DIRS = ('fedcg_tff', 'tasks', 'binaries', 'benchmarks', 'tests')
@@ -80,8 +81,8 @@ def imports(path: str) -> tuple[set[str], set[str]]:
 
 def binaries_run(path: str) -> set[str]:
   """Binaries `path` starts as processes (tests: `run_binary('name')`,
-  `BinaryRun('name')`, `main_calls('name', ...)`;
-  binaries/common.py starts run_fedcg)."""
+  `BinaryRun('name')`, `main_calls('name', ...)`, or a command line with
+  `-m binaries.name`; binaries/common.py starts run_fedcg)."""
   with open(os.path.join(ROOT, path)) as f:
     tree = ast.parse(f.read())
   found = set()
@@ -91,6 +92,10 @@ def binaries_run(path: str) -> set[str]:
         getattr(node.func, 'attr', getattr(node.func, 'id', '')) in
         ('run_binary', 'BinaryRun', 'main_calls')):
       found.add(node.args[0].value)
+    elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and
+          re.fullmatch(r'binaries\.\w+', node.value) and
+          os.path.isfile(os.path.join(ROOT, *node.value.split('.')) + '.py')):
+      found.add(node.value.split('.')[1])
   if path == 'binaries/common.py':
     found.add('run_fedcg')
   return found
