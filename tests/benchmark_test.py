@@ -97,6 +97,23 @@ def test_forward_flops_by_hand():
   # conv 5x5x1->6 at 28x28, conv 5x5x6->16 at 10x10; dense 400-120-84-10.
   assert flops['extractor'] == 2 * (28 * 28 * 150 + 10 * 10 * 2400)
   assert flops['classifier'] == 2 * (400 * 120 + 120 * 84 + 84 * 10)
+  # G: [z, embedded y] (110 channels) at 1x1, then 2x2 transposed convs over
+  # 1, 4, 9 and 16 input positions. D: [features, tiled embedding] (26
+  # channels) at 5x5, then 2x2 convs to 4x4, 3x3, 2x2 and 1x1 outputs. Both
+  # dominate stage 2.
+  assert flops['generator'] == 2 * (1 * 4 * 110 * 512 + 4 * 4 * 512 * 256
+                                    + 9 * 4 * 256 * 128 + 16 * 4 * 128 * 16)
+  assert flops['discriminator'] == 2 * (16 * 4 * 26 * 128 + 9 * 4 * 128 * 256
+                                        + 4 * 4 * 256 * 512 + 4 * 512)
+  # Stage 1: E and C trained (3x forward), G forward; stage 2: E forward, D
+  # on real and fake trained (6x), G trained (3x), D again with its input
+  # gradient (2x). Distinct counts, so a term read from the wrong network
+  # shows.
+  config = FedCGConfig(local_epochs=3, gan_epochs=5)
+  made_up = {'extractor': 1.0, 'classifier': 10.0, 'generator': 100.0,
+             'discriminator': 1000.0}
+  assert counts.training_flops(config, made_up, 7) == (
+      3 * 7 * (3 * 11.0 + 100.0), 5 * 7 * (1.0 + 8 * 1000.0 + 3 * 100.0))
   with tf.Graph().as_default():
     up = tf.keras.Sequential([tf.keras.Input([2, 2, 5]),
                               tf.keras.layers.Conv2DTranspose(4, 3)])

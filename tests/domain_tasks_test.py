@@ -190,6 +190,20 @@ def test_folder_errors_name_the_path(tmp_path):
   os.makedirs(os.path.join(root, 'caltech', 'projector'))
   with pytest.raises(ValueError, match='caltech/projector.*holds no image'):
     office_caltech10.build(TaskOptions(data_dir=root))
+  # A folder the run may not read (unpacked by another user). Simulated: a
+  # test run as root could list a folder of mode 000.
+  listdir = os.listdir
+
+  def refusing(path='.'):
+    if str(path).endswith(os.path.join('caltech', 'projector')):
+      raise PermissionError(13, 'Permission denied', str(path))
+    return listdir(path)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(os, 'listdir', refusing)
+    with pytest.raises(ValueError, match="caltech/projector' cannot be "
+                       'listed \\(Permission denied\\)$'):
+      office_caltech10.build(TaskOptions(data_dir=root))
   bad = os.path.join(root, 'caltech', 'projector', 'broken.jpg')
   with open(bad, 'wb') as f:
     f.write(b'not a jpeg at all')

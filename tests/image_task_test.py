@@ -135,8 +135,10 @@ def test_noise_std_grows_with_client_index():
   x = np.full((200, 32, 32, 1), 128, np.uint8)
   y = np.zeros(200, np.int32)
   stds = image_task.noise_stds(3, 0.5)
-  task = _task(x, y, noise_stds=stds, clients=3)
-  clean = 128 / 255.0
+  # Normalised by (x - 0.5) / 0.5: noise added to the normalised input
+  # measures its std, noise added before the normalisation twice that.
+  task = _task(x, y, noise_stds=stds, clients=3, mean=(0.5,), std=(0.5,))
+  clean = (128 / 255.0 - 0.5) / 0.5
   for i, ds in enumerate(task.test_datasets()):
     batch = _epoch(ds)[0][0]
     measured = float(np.std(batch - clean))

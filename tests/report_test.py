@@ -108,9 +108,39 @@ def test_load_result_reads_rounds_and_the_median_round_time(tmp_path):
   paper['run']['train_per_client'] = 2000
   (tmp_path / 'run.json').write_text(json.dumps(paper))
   assert load().paper_protocol is True
+  for key, value in (('aggregation', 'secure'), ('dp_sigma', 0.0)):
+    # Present at all: a run unlike the paper's, whatever its value.
+    (tmp_path / 'run.json').write_text(
+        json.dumps({**paper, 'run': dict(paper['run'], **{key: value})}))
+    assert load().paper_protocol is False, key
   results = json.loads((tmp_path / 'results.json').read_text())
   (tmp_path / 'results.json').write_text(json.dumps(dict(results, host='h')))
   assert load().host == 'h'
+
+
+def test_paper_protocol_is_the_spec_and_holds_for_the_committed_runs():
+  """The marker's figures are the spec's (the test above builds its run.json
+  from the marker, so a wrong figure there would pass it), and every run
+  committed under results/fmnist_paper_protocol/ carries the marker."""
+  spec = {'batch_size': 8, 'lr': 3e-4, 'weight_decay': 1e-4,
+          'noise_dim': 100, 'local_epochs': 20, 'gan_epochs': 20,
+          'server_epochs': 20, 'server_steps_per_epoch': 100,
+          'distance': 'mse', 'model': 'lenet', 'client_init': 'shared'}
+  config = report.PAPER_PROTOCOL['config']
+  assert {k: config.get(k) for k in spec} == spec
+  assert report.PAPER_PROTOCOL['run'] == {'partition': 'iid',
+                                          'add_noise': False, 'patience': 20}
+  assert report.PAPER_PROTOCOL_EITHER['train_per_client'] == (None, 2000)
+  found = sorted(glob.glob(os.path.join(
+      common.ROOT, 'results', 'fmnist_paper_protocol', '*', 'seed_*',
+      'results.json')))
+  assert len(found) >= 21, found  # Seeds 1-3 of all seven algorithms.
+  for path in found:
+    seed_dir = os.path.dirname(path)
+    algorithm = os.path.basename(os.path.dirname(seed_dir))
+    seed = int(os.path.basename(seed_dir).split('_')[1])
+    result = report.load_result(path, 'fmnist', algorithm, seed)
+    assert result.paper_protocol is True, path
 
 
 def test_gains_over_local_and_chart(tmp_path):
