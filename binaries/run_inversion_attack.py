@@ -290,6 +290,7 @@ def main(argv):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import dlg_tf  # pylint: disable=g-import-not-at-top
   from fedcg_tff.algorithms import training_tf  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.models import model_weights  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import inversion_tf as inv  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
@@ -380,6 +381,16 @@ def main(argv):
   fedavg_uploads = {r: fedavg.client_round(r, FLAGS.client)[2].upload
                     for r in rounds} if fedavg else {}
   templates = training_tf.InitialNetworks(config, ('generator', 'classifier'))
+  # One extractor network for every inversion of this attack, holding each
+  # extractor's weights in turn: its objective is traced once.
+  inverter = inv.FeatureInverter(
+      inv.extractor_with(config, replayed[rounds[0]][2].state.extractor),
+      image_shape, value_range, options)
+
+  def invert(extractor_weights, target):
+    model_weights.assign(inverter.extractor, extractor_weights)
+    return inverter(target)
+
   for r in rounds:
     server, before, output = replayed[r]
     upload = output.upload
@@ -406,9 +417,9 @@ def main(argv):
       print(f'round {r}: recomputed E_i is {check["replay_to_saved"]:.3g} '
             f'(L2) from the run\'s saved one; the round moved it '
             f'{check["round_change"]:.3g}', flush=True)
-    extractor = inv.extractor_with(config, true_e)
+    model_weights.assign(inverter.extractor, true_e)
     generator = inv.generator_with(config, generator_w)
-    features = extractor(images, training=False).numpy()
+    features = inverter.extractor(images, training=False).numpy()
     fitted, fit_mismatch = inv.fit_latent(generator, features, labels,
                                           options)
     print(f'round {r}: z* fits E_i(x) with mismatch '
@@ -417,26 +428,25 @@ def main(argv):
     targets = {'features': features, 'fitted': fitted,
                'sampled': inv.sample_features(generator, labels,
                                               FLAGS.seed + r)}
-    extractors = {'true': extractor}
+    extractors = {'true': true_e}
     for name, (x, y) in aux.items():
       shadow_started = time.monotonic()
-      weights = inv.train_shadow_extractor(
+      extractors[name] = inv.train_shadow_extractor(
           config, generator_w, classifier_w, x, y, inv.ShadowTraining(
               epochs=FLAGS.shadow_epochs, seed=attacker_seed))
-      extractors[name] = inv.extractor_with(config, weights)
       print(f'round {r}: shadow extractor on {name} images trained '
             f'({time.monotonic() - shadow_started:.0f}s)', flush=True)
-    for ename, e in extractors.items():
+    for ename, weights in extractors.items():
       for tname, t in targets.items():
-        add_row(r, 'fedcg', ename, tname,
-                inv.invert_features(e, t, image_shape, value_range, options),
+        add_row(r, 'fedcg', ename, tname, invert(weights, t),
                 tname == 'sampled')
 
     if fedavg:
-      shared = inv.extractor_with(config, fedavg_uploads[r]['extractor'])
-      add_row(r, 'fedavg', 'shared', 'features', inv.invert_features(
-          shared, shared(images, training=False).numpy(), image_shape,
-          value_range, options), False)
+      shared = fedavg_uploads[r]['extractor']
+      model_weights.assign(inverter.extractor, shared)
+      target = inverter.extractor(images, training=False).numpy()
+      add_row(r, 'fedavg', 'shared', 'features', invert(shared, target),
+              False)
 
   references = {name: dlg_tf.psnr(truth, np.full_like(truth, value)).tolist()
                 for name, value in (('black', 0.0), ('grey', 0.5))}

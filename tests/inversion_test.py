@@ -9,6 +9,7 @@ import tensorflow as tf
 from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.models import model_weights
 from fedcg_tff.privacy import dlg_tf
 from fedcg_tff.privacy import inversion_tf as inv
 
@@ -46,6 +47,30 @@ def test_inversion_recovers_images_through_a_known_invertible_extractor():
       extractor, targets, (32, 32, 1), RANGE,
       inv.InversionOptions(iterations=1, tv_weight=1e-4, seed=0))
   assert np.all(dlg_tf.psnr(to01(images), to01(start.images)) < 15)
+
+
+def test_one_inverter_serves_several_extractors_traced_once():
+  """The attack assigns each extractor's weights to one inverter's network:
+  each call gives what an inversion through that extractor alone gives,
+  bit for bit, and the objective is traced once for all of them."""
+  def extractor(seed):
+    return tf.keras.Sequential([
+        tf.keras.Input((8, 8, 1)),
+        tf.keras.layers.Conv2D(3, 3, activation='sigmoid',
+                               kernel_initializer=tf.keras.initializers
+                               .GlorotUniform(seed=seed))])
+  a, b = extractor(1), extractor(2)
+  images = _smooth_images(2, 3)[:, :8, :8]
+  options = inv.InversionOptions(iterations=15, tv_weight=1e-3, seed=4)
+  inverter = inv.FeatureInverter(extractor(1), (8, 8, 1), RANGE, options)
+  for model in (a, b, a):
+    model_weights.assign(inverter.extractor, model_weights.values(model))
+    for target in (model(images).numpy(), b(images[::-1]).numpy()):
+      got = inverter(target)
+      alone = inv.invert_features(model, target, (8, 8, 1), RANGE, options)
+      np.testing.assert_array_equal(got.images, alone.images)
+      np.testing.assert_array_equal(got.mismatch, alone.mismatch)
+  assert inverter._value_and_gradient.experimental_get_tracing_count() == 1
 
 
 def test_inversion_keeps_each_channel_in_its_own_range():

@@ -83,43 +83,66 @@ class Inversion:
   seconds: float
 
 
-def invert_features(extractor: tf.keras.Model, targets, image_shape,
-                    value_range, options: InversionOptions) -> Inversion:
+class FeatureInverter:
   """Images x minimising feature_mismatch(E(x), target) + tv_weight *
   TV(x), one per target, from a seeded uniform start within `value_range`
   (the normalised images' bounds: per-channel lows and highs, as
-  dlg_tf.input_range gives, or one low and high); E in inference mode."""
-  started = time.monotonic()
-  targets = np.asarray(targets, np.float32)
-  if not np.all(np.isfinite(targets)):
-    # L-BFGS would stop at its start and report that as a reconstruction.
-    raise ValueError(
-        f'invert_features: {np.sum(~np.isfinite(targets))} of the '
-        f'{targets.size} target values are NaN or infinite (a network with '
-        'non-finite weights, or a batch-norm variance below 0?)')
-  targets = tf.constant(targets)
-  count = int(targets.shape[0])
-  shape = (count, *image_shape)
-  low, high = dlg_tf.pixel_bounds(value_range, shape)
+  dlg_tf.input_range gives, or one low and high); E in inference mode.
 
-  @tf.function
-  def value_and_gradient(flat):
-    with tf.GradientTape() as tape:
-      tape.watch(flat)
-      images = tf.reshape(flat, shape)
-      loss = tf.reduce_sum(
-          feature_mismatch(extractor(images, training=False), targets) +
-          options.tv_weight * total_variation(images))
-    return loss, tape.gradient(loss, flat)
+  One traced objective per inverter, for every call: the attack inverts
+  three targets through each extractor and assigns each round's extractors
+  to one network in turn (`model_weights.assign(inverter.extractor, w)`),
+  and tracing the objective anew for each call took most of its inversion
+  time. The targets are an argument of the traced function, the weights
+  the network's variables (read when the function runs)."""
 
-  start = np.random.default_rng(options.seed).uniform(low, high)
-  flat, _ = _lbfgs(value_and_gradient, start, options.iterations,
-                   list(zip(low, high)))
-  images = flat.reshape(shape)
-  mismatch = feature_mismatch(extractor(images, training=False),
-                              targets).numpy()
-  return Inversion(images=images, mismatch=mismatch,
-                   seconds=time.monotonic() - started)
+  def __init__(self, extractor: tf.keras.Model, image_shape, value_range,
+               options: InversionOptions):
+    self.extractor = extractor
+    self._image_shape = tuple(image_shape)
+    self._value_range = value_range
+    self._options = options
+    tv_weight = options.tv_weight
+
+    @tf.function
+    def value_and_gradient(flat, targets):
+      with tf.GradientTape() as tape:
+        tape.watch(flat)
+        images = tf.reshape(flat, [tf.shape(targets)[0], *image_shape])
+        loss = tf.reduce_sum(
+            feature_mismatch(extractor(images, training=False), targets) +
+            tv_weight * total_variation(images))
+      return loss, tape.gradient(loss, flat)
+
+    self._value_and_gradient = value_and_gradient
+
+  def __call__(self, targets) -> Inversion:
+    started = time.monotonic()
+    targets = np.asarray(targets, np.float32)
+    if not np.all(np.isfinite(targets)):
+      # L-BFGS would stop at its start and report that as a reconstruction.
+      raise ValueError(
+          f'invert_features: {np.sum(~np.isfinite(targets))} of the '
+          f'{targets.size} target values are NaN or infinite (a network with '
+          'non-finite weights, or a batch-norm variance below 0?)')
+    targets = tf.constant(targets)
+    shape = (int(targets.shape[0]), *self._image_shape)
+    low, high = dlg_tf.pixel_bounds(self._value_range, shape)
+    start = np.random.default_rng(self._options.seed).uniform(low, high)
+    flat, _ = _lbfgs(lambda flat: self._value_and_gradient(flat, targets),
+                     start, self._options.iterations, list(zip(low, high)))
+    images = flat.reshape(shape)
+    mismatch = feature_mismatch(self.extractor(images, training=False),
+                                targets).numpy()
+    return Inversion(images=images, mismatch=mismatch,
+                     seconds=time.monotonic() - started)
+
+
+def invert_features(extractor: tf.keras.Model, targets, image_shape,
+                    value_range, options: InversionOptions) -> Inversion:
+  """One inversion (`FeatureInverter`, traced for this call alone)."""
+  return FeatureInverter(extractor, image_shape, value_range, options)(
+      targets)
 
 
 def fit_latent(generator: tf.keras.Model, targets, labels,
