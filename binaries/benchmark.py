@@ -174,7 +174,7 @@ def main(argv):
     eval_start = time.perf_counter()
     driver.evaluate(val, test)
     evaluation = time.perf_counter() - eval_start
-    row = phase_seconds(timings[-1])
+    row = timings[-1].phase_seconds()
     row.update(round=round_num, evaluation_s=evaluation)
     timed = round_num >= FLAGS.warmup_rounds
     print(f'round {round_num} [{"timed" if timed else "warm-up"}]: '
@@ -268,29 +268,6 @@ def main(argv):
     with open(FLAGS.json, 'w') as f:
       json.dump(result, f, indent=2)
     print(f'wrote {FLAGS.json}')
-
-
-def phase_seconds(timing) -> dict[str, float]:
-  """A round's phases from the driver's `RoundTiming` of a timed FedCG
-  process: in-worker client phases summed over clients (stamps), the
-  clients' wall time in the workers, the rest of the clients' step (TFF's
-  serialisation and dispatch), the distillation (stamped in the server's
-  update) and the rest of the server's step (aggregation)."""
-  stamps = np.asarray(timing.client_stamps, np.float64)
-  phases = np.diff(stamps, axis=1).sum(axis=0)
-  in_workers = stamps[:, -1].max() - stamps[:, 0].min()
-  start, end = timing.server_stamps
-  distillation = float(end - start)
-  return {
-      'client_stage1_s': float(phases[0]),
-      'client_stage2_s': float(phases[1]),
-      'client_teacher_s': float(phases[2]),
-      'clients_in_workers_s': float(in_workers),
-      'tff_overhead_s': float(timing.clients_step_s - in_workers),
-      'aggregation_s': float(timing.server_step_s - distillation),
-      'distillation_s': distillation,
-      'round_s': float(timing.clients_step_s + timing.server_step_s),
-  }
 
 
 if __name__ == '__main__':

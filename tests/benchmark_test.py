@@ -52,10 +52,6 @@ def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
                   'clients_in_workers_s', 'distillation_s', 'evaluation_s'):
       assert row[phase] > 0, phase
     assert row['tff_overhead_s'] >= 0 and row['aggregation_s'] >= 0
-    in_workers = (row['client_stage1_s'] + row['client_stage2_s']
-                  + row['client_teacher_s'])
-    # Two clients summed can take at most twice the clients' wall time.
-    assert in_workers <= 2 * row['clients_in_workers_s'] + 1e-6
     assert row['round_s'] >= (row['clients_in_workers_s']
                               + row['distillation_s'])
   for key, value in mean.items():
@@ -83,6 +79,22 @@ def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
   assert result['peak_rss_bytes']['driver'] > 0
   assert 'full-protocol round' not in done.stdout  # Only with --full_protocol.
   assert 'GFLOP/s' in done.stdout and '% of peak' in done.stdout
+
+
+def test_phases_from_stamps_by_hand():
+  """How a round's stamps become its phases: each client's stage 1, stage 2
+  and teacher intervals summed over the clients; the clients' wall time
+  from the first start to the last end; the rest of each step."""
+  from fedcg_tff.execution import round_runner  # pylint: disable=g-import-not-at-top
+  timing = round_runner.RoundTiming(
+      clients_step_s=7.0, server_step_s=4.0,
+      client_stamps=[[10.0, 11.0, 13.0, 16.0], [10.5, 11.0, 12.0, 12.5]],
+      server_stamps=(20.0, 23.0))
+  assert timing.phase_seconds() == {
+      'client_stage1_s': 1.0 + 0.5, 'client_stage2_s': 2.0 + 1.0,
+      'client_teacher_s': 3.0 + 0.5, 'clients_in_workers_s': 6.0,
+      'tff_overhead_s': 1.0, 'aggregation_s': 1.0, 'distillation_s': 3.0,
+      'round_s': 11.0}
 
 
 def test_forward_flops_by_hand():

@@ -12,6 +12,8 @@ import dataclasses
 import time
 from typing import Callable, Optional
 
+import numpy as np
+
 from fedcg_tff.algorithms import round_tff
 
 
@@ -24,6 +26,29 @@ class RoundTiming:
   server_step_s: float
   client_stamps: list
   server_stamps: tuple
+
+  def phase_seconds(self) -> dict[str, float]:
+    """The phases of a timed FedCG round (binaries/benchmark.py): the
+    in-worker client phases summed over clients (between each client's
+    stamps), the clients' wall time in the workers (first stamp to last),
+    the rest of the clients' step (TFF's serialisation and dispatch), the
+    distillation (stamped in the server's update) and the rest of the
+    server's step (aggregation)."""
+    stamps = np.asarray(self.client_stamps, np.float64)
+    phases = np.diff(stamps, axis=1).sum(axis=0)
+    in_workers = float(stamps[:, -1].max() - stamps[:, 0].min())
+    start, end = self.server_stamps
+    distillation = float(end - start)
+    return {
+        'client_stage1_s': float(phases[0]),
+        'client_stage2_s': float(phases[1]),
+        'client_teacher_s': float(phases[2]),
+        'clients_in_workers_s': in_workers,
+        'tff_overhead_s': float(self.clients_step_s - in_workers),
+        'aggregation_s': float(self.server_step_s - distillation),
+        'distillation_s': distillation,
+        'round_s': float(self.clients_step_s + self.server_step_s),
+    }
 
 
 class RoundRunner:
