@@ -11,6 +11,7 @@ TensorFlow starts.
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from typing import Sequence
@@ -63,11 +64,48 @@ def distinct_list(name: str, kind: type, what: str, valid=None,
   return values
 
 
-def not_a_file(name: str = 'output_dir') -> None:
-  """Refuses a directory flag that names an existing file."""
+def writable_dir(name: str = 'output_dir') -> None:
+  """Refuses a directory flag the binary could not write into, before any
+  work: empty, an existing file, a path under a file, or one whose nearest
+  existing directory this user may not write (the attacks found that out
+  only when writing their reports, after all their work)."""
   path = FLAGS[name].value
+  if not path:
+    raise app.UsageError(f'--{name} is empty: give a directory')
   if os.path.exists(path) and not os.path.isdir(path):
     raise app.UsageError(f'--{name}={path} is a file, not a directory')
+  existing = os.path.abspath(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise app.UsageError(f'--{name}={path}: {existing} is a file, not a '
+                         'directory')
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise app.UsageError(f'--{name}={path}: {existing} is not writable')
+
+
+def fresh_report_dir(report_file: str, **runs_read: str) -> None:
+  """Refuses an --output_dir that already holds this binary's report
+  (`report_file`: a rerun would replace it and leave the earlier one's other
+  files beside it) or that is a run directory the binary reads (`runs_read`,
+  flag name -> path: a run's resume replaces its tensorboard/)."""
+  path = os.path.abspath(FLAGS.output_dir)
+  if os.path.exists(os.path.join(path, report_file)):
+    raise app.UsageError(
+        f'--output_dir={FLAGS.output_dir} holds an earlier report '
+        f'({report_file}): give a new directory, or move that one away')
+  for name, run in runs_read.items():
+    if run and os.path.abspath(run) == path:
+      raise app.UsageError(f'--output_dir is --{name}={run}: write the report '
+                           'outside the runs it reads')
+
+
+def split_flags(name: str) -> list[str]:
+  """The command-line flags held in string flag --`name` (shell quoting)."""
+  try:
+    return shlex.split(FLAGS[name].value)
+  except ValueError as e:  # An unbalanced quote.
+    raise app.UsageError(f'--{name}={FLAGS[name].value}: {e}') from None
 
 
 def used_by_some(flag_name: str, tokens, algorithms, tasks=None) -> None:

@@ -27,7 +27,6 @@ needed: a report can be remade from committed results).
 """
 
 import os
-import shlex
 import shutil
 import time
 
@@ -70,7 +69,8 @@ def _check_flags() -> tuple[list[int], list[str]]:
   if not FLAGS.task_dirs and len(FLAGS.tasks) != 1:
     raise app.UsageError(f'--notask_dirs needs one task, got --tasks='
                          f'{",".join(FLAGS.tasks)}')
-  extra = shlex.split(FLAGS.run_flags)
+  common.writable_dir()
+  extra = common.split_flags('run_flags')
   for flag in extra:
     name = flag.lstrip('-').split('=')[0]
     if name in _OWNED:
@@ -169,6 +169,13 @@ def write_reports(runs) -> None:
             f'{task} {algorithm}: its runs were made with other flags, '
             'which one mean ± std would mix: ' + '; '.join(differences) +
             ' (choose --seeds, or move those runs); no report was changed')
+    mixed = report.mixed_client_counts(results, task)
+    if mixed:
+      raise app.UsageError(
+          f'{task}: its runs have different numbers of clients ({mixed}), '
+          'which one table and the gains per client would mix (choose '
+          '--algorithms and --seeds, or move those runs); no report was '
+          'changed')
   if not results:
     if FLAGS.report_only:
       raise app.UsageError(

@@ -502,7 +502,7 @@ def main(argv):
   # flags are compared.
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
 
-  common.not_a_file()
+  common.writable_dir()
 
   def from_stored(stored):
     task_shape = {k: stored.get('config', {}).get(k)

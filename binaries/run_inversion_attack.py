@@ -285,7 +285,9 @@ def main(argv):
   if fedavg_run is not None:
     _check_same_data(fedcg_run, fedavg_run)
     _check_rounds(FLAGS.fedavg_run_dir, 'fedavg_run_dir', rounds)
-  common.not_a_file()
+  common.writable_dir()
+  common.fresh_report_dir('inversion.json', run_dir=FLAGS.run_dir,
+                          fedavg_run_dir=FLAGS.fedavg_run_dir)
 
   import numpy as np  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import dlg_tf  # pylint: disable=g-import-not-at-top

@@ -165,7 +165,7 @@ def _check_flags() -> dict[str, str]:
     raise app.UsageError(f'--train_per_client is not used by --task='
                          f'{FLAGS.task}: each client holds its domain\'s '
                          'whole training split')
-  extra = shlex.split(FLAGS.train_flags)
+  extra = common.split_flags('train_flags')
   if extra and not FLAGS.train_dir:
     raise app.UsageError('--train_flags is only used with --train_dir')
   common.used_by_some('train_flags', extra,
@@ -197,7 +197,7 @@ def _training_command(name: str, threat: str, sigma: float) -> list[str]:
     command += [f'--dp_sigma={sigma!r}', f'--dp_clip={FLAGS.dp_clip!r}',
                 f'--dp_delta={FLAGS.dp_delta!r}']
   return common.run_flags_for(algorithm, FLAGS.task,
-                              command + shlex.split(FLAGS.train_flags))
+                              command + common.split_flags('train_flags'))
 
 
 def train(names_to_train: list[tuple[str, str, float]]) -> dict[str, str]:
@@ -289,24 +289,31 @@ def accuracy_of(name: str, threat: str, sigma: float, path: str) -> dict:
           'client_names': result.get('client_names')}
 
 
+def _check_clients(name: str, info: dict, results_path: str, task) -> None:
+  """Refuses row `name`'s run if it trained on clients other than those
+  the attack reads."""
+  if info['client_names'] and tuple(info['client_names']) != tuple(
+      task.client_names):
+    raise app.UsageError(
+        f'--results: {results_path} was trained on clients '
+        f'{", ".join(info["client_names"])}; row {name} attacks '
+        f'{", ".join(task.client_names)} (--num_clients, --task)')
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   results = _check_flags()
   table_rows = rows()
-  common.not_a_file()
+  common.writable_dir()
+  common.fresh_report_dir('privacy.json')
   started = time.monotonic()
   # The runs given are checked before any other row trains.
   given = {name: accuracy_of(name, threat, sigma, results[name])
            for name, threat, sigma in table_rows if name in results}
-  if FLAGS.train_dir:
-    results.update(train([r for r in table_rows if r[0] not in results]))
-  training = {name: given.get(name) or accuracy_of(name, threat, sigma,
-                                                   results[name])
-              for name, threat, sigma in table_rows if name in results}
 
-  # The project's TF modules load here: bad flags and failed training stop
-  # before.
+  # The project's TF modules load here, and the task with them: the client
+  # and image count attacked are checked before any row trains.
   import numpy as np  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import dlg_tf  # pylint: disable=g-import-not-at-top
@@ -321,13 +328,6 @@ def main(argv):
       num_clients=FLAGS.num_clients,
       train_per_client=FLAGS.train_per_client, seed=FLAGS.seed,
       data_dir=FLAGS.data_dir, data_source=FLAGS.data_source))
-  for name, info in training.items():
-    if info['client_names'] and tuple(info['client_names']) != tuple(
-        task.client_names):
-      raise app.UsageError(
-          f'--results: {results[name]} was trained on clients '
-          f'{", ".join(info["client_names"])}; row {name} attacks '
-          f'{", ".join(task.client_names)} (--num_clients, --task)')
   if FLAGS.client >= task.num_clients:
     raise app.UsageError(f'--client={FLAGS.client}: the task has '
                          f'{task.num_clients} clients')
@@ -336,6 +336,15 @@ def main(argv):
     raise app.UsageError(f'--num_images={FLAGS.num_images} is more than '
                          f'client {FLAGS.client}\'s {len(train_labels)} '
                          'training images')
+  for name, info in given.items():
+    _check_clients(name, info, results[name], task)
+  if FLAGS.train_dir:
+    results.update(train([r for r in table_rows if r[0] not in results]))
+  training = {name: given.get(name) or accuracy_of(name, threat, sigma,
+                                                   results[name])
+              for name, threat, sigma in table_rows if name in results}
+  for name, info in training.items():
+    _check_clients(name, info, results[name], task)
   config = FedCGConfig(seed=FLAGS.seed, num_classes=task.num_classes,
                        image_channels=task.channels).validate()
   chosen = np.random.default_rng(FLAGS.seed).permutation(

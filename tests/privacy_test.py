@@ -567,8 +567,24 @@ def test_binary_names_the_bad_flag(tmp_path):
   not_json.write_text('round,val_accuracy\n1,0.5\n')
   no_accuracy = tmp_path / 'run.json'
   no_accuracy.write_text(json.dumps({'config': {}, 'run': {}}))
+  earlier = tmp_path / 'earlier'
+  earlier.mkdir()
+  (earlier / 'privacy.json').write_text('{}')
+  train = f'--train_dir={tmp_path / "train"}'
   cases = [
       (['--num_images=3', '--attack_batch_size=2'], '--num_images=3'),
+      # Output directories found unusable before any row trains: under a
+      # file, or holding an earlier report a rerun would replace.
+      (['--algorithms=fedavg', train, f'--output_dir={not_json}/x'],
+       f'--output_dir={not_json}/x: {not_json} is a file, not a directory'),
+      (['--algorithms=fedavg', train, f'--output_dir={earlier}'],
+       f'--output_dir={earlier} holds an earlier report (privacy.json)'),
+      (['--algorithms=fedavg', train, "--train_flags=--data_dir=/o'brien"],
+       "--train_flags=--data_dir=/o'brien: No closing quotation"),
+      # The client attacked is checked on the task before any row trains.
+      (['--algorithms=fedavg', train, f'--data_dir={data_dir}',
+        '--num_clients=2', '--train_per_client=20', '--client=2'],
+       '--client=2: the task has 2 clients'),
       (['--results=fedsplit=/nonexistent.json'], '--results'),
       # A file that is not a run's results.json (here metrics-like text),
       # refused before the other rows would train.
@@ -627,6 +643,9 @@ def test_binary_names_the_bad_flag(tmp_path):
   for (args, message), stopped in zip(cases, stops):
     assert stopped is not None and message in stopped, (args, stopped)
   assert not (tmp_path / 'out').exists()
+  assert os.listdir(earlier) == ['privacy.json']
+  assert not (tmp_path / 'train').exists()  # No row trained.
+  assert (earlier / 'privacy.json').read_text() == '{}'
 
 
 def test_run_fedcg_refuses_dp_for_other_algorithms(tmp_path):

@@ -256,6 +256,14 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   definition = json.loads(other.read_text())
   definition['config'].update(seed=4, lr=0.001)
   other.write_text(json.dumps(definition))
+  # Nor does it put runs of other client counts in one table (Local's seed
+  # 3 with a third client).
+  shutil.copytree(out / 'fmnist', tmp_path / 'clients')
+  (tmp_path / 'clients' / 'results.md').write_text('an earlier report')
+  three = tmp_path / 'clients' / 'local' / 'seed_3' / 'results.json'
+  result = json.loads(three.read_text())
+  result['test_accuracy_at_best_val'].append(0.5)
+  three.write_text(json.dumps(result))
   # Then rerunning skips a finished run, and other run flags are refused
   # rather than mixed into the table (one of the four runs shows both).
   # These five calls share one interpreter (one import of TensorFlow).
@@ -268,8 +276,17 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
       [*one_run, run_flags + ' --lr=0.001'],
       ['--output_dir=mixed', '--algorithms=local,fedprox', '--tasks=fmnist',
        '--seeds=3,4', '--report_only', '--notask_dirs'],
+      ['--output_dir=clients', '--algorithms=local,fedprox', '--tasks=fmnist',
+       '--seeds=3', '--report_only', '--notask_dirs'],
   ], timeout=300, cwd=tmp_path)
-  assert len(stops) == 5, done.stderr[-3000:]
+  assert len(stops) == 6, done.stderr[-3000:]
+  assert stops[5] == (
+      'fmnist: its runs have different numbers of clients (2 clients: '
+      'fedprox seed 3; 3 clients: local seed 3), which one table and the '
+      'gains per client would mix (choose --algorithms and --seeds, or move '
+      'those runs); no report was changed'), stops[5]
+  assert (tmp_path / 'clients' / 'results.md').read_text() == (
+      'an earlier report')
   assert not (tmp_path / 'flat' / 'paper_cifar10.md').exists()
   refused = stops[4] or ''
   assert ('fmnist fedprox: its runs were made with other flags' in refused
@@ -405,7 +422,13 @@ def test_sweep_rejects_bad_flags(tmp_path):
            ('--tasks=fmnist,cifar10 --notask_dirs',
             '--notask_dirs needs one task'),
            ('--report_only --algorithms=local --seeds=1',
-            'none of the runs asked for has a results.json'))
+            'none of the runs asked for has a results.json'),
+           ("--run_flags=--data_dir=/o\\'brien",
+            "--run_flags=--data_dir=/o'brien: No closing quotation"),
+           (f'--output_dir={tmp_path}/notes/sweep',
+            f'--output_dir={tmp_path}/notes/sweep: {tmp_path}/notes is a '
+            'file, not a directory'))
+  (tmp_path / 'notes').write_text('kept')
   # One interpreter for them all.
   stops, done = binary_runs.main_calls(
       'run_experiments',
@@ -414,7 +437,8 @@ def test_sweep_rejects_bad_flags(tmp_path):
   assert len(stops) == len(cases), done.stderr[-3000:]
   for (flag, message), stopped in zip(cases, stops):
     assert stopped is not None and message in stopped, (flag, stopped)
-  assert not os.listdir(tmp_path)
+  assert os.listdir(tmp_path) == ['notes']
+  assert (tmp_path / 'notes').read_text() == 'kept'
 
 
 if __name__ == '__main__':

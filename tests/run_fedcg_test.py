@@ -88,12 +88,31 @@ def test_invalid_flag_fails_at_start_naming_it(tmp_path, flag, message):
   assert not (tmp_path / 'out').exists()  # Nothing was started.
 
 
-def test_output_dir_that_is_a_file_is_refused_at_start(tmp_path):
+def test_output_dir_that_is_a_file_is_refused_at_start(tmp_path,
+                                                       monkeypatch):
+  """An output directory the run could not write is refused before the
+  data loads: a file, a path under a file, an empty flag, a directory this
+  user may not write (simulated: root may write anywhere)."""
   path = tmp_path / 'notes.txt'
   path.write_text('kept')
-  error = _main([f'--output_dir={path}', f'--data_dir={tmp_path / "absent"}'])
+  absent = f'--data_dir={tmp_path / "absent"}'
+  error = _main([f'--output_dir={path}', absent])
   assert error == f'--output_dir={path} is a file, not a directory', error
+  error = _main([f'--output_dir={path}/run', absent])
+  assert error == (f'--output_dir={path}/run: {path} is a file, not a '
+                   'directory'), error
+  assert _main(['--output_dir=', absent]) == ('--output_dir is empty: give a '
+                                             'directory')
   assert path.read_text() == 'kept'
+  locked = tmp_path / 'locked'
+  locked.mkdir()
+  access = os.access
+  monkeypatch.setattr(os, 'access', lambda p, mode: (
+      False if os.path.abspath(p) == str(locked) else access(p, mode)))
+  error = _main([f'--output_dir={locked}/new/run', absent])
+  assert error == (f'--output_dir={locked}/new/run: {locked} is not '
+                   'writable'), error
+  assert os.listdir(locked) == []
 
 
 @pytest.mark.parametrize('args,message', [
@@ -484,6 +503,10 @@ def attacks(fedcg_run, replaying_run, tmp_path_factory):
       # The replaying run's client 1 (test_replay_draws_reach_...).
       [f'--run_dir={replaying}', '--rounds=1', '--client=1', *tiny,
        f'--output_dir={paths["replaying"]}'],
+      # Into the first call's report, and into the run it reads.
+      [f'--run_dir={run}', '--rounds=1', *tiny,
+       f'--output_dir={paths["out"]}'],
+      [f'--run_dir={run}', '--rounds=1', *tiny, f'--output_dir={run}'],
   ])
   return stops, done, paths
 
@@ -494,7 +517,7 @@ def test_inversion_attack_on_the_tiny_fedcg_run(attacks):
   state is not kept is refused before any work."""
   stops, done, paths = attacks
   out, refused = paths['out'], paths['refused']
-  assert len(stops) == 12 and stops[0] is None, (stops, done.stderr[-3000:])
+  assert len(stops) == 14 and stops[0] is None, (stops, done.stderr[-3000:])
   assert stops[10] is None, stops[10]
   # Round 1 beside the FedAvg run: its row inverts the extractor FedAvg
   # shares, one PSNR per attacked image.
@@ -537,6 +560,13 @@ def test_inversion_attack_on_the_tiny_fedcg_run(attacks):
   assert (out / 'grid_round_4.png').stat().st_size > 1000
   assert ('--rounds: round 9 needs the state after round 8' in stops[1]
           and 'rounds [3, 4]' in stops[1]), stops[1]
+  # A second attack into the first's directory or into the run: refused
+  # before any work (the first report is the two-round one above).
+  assert stops[12] == (f'--output_dir={out} holds an earlier report '
+                       '(inversion.json): give a new directory, or move that '
+                       'one away'), stops[12]
+  assert stops[13] and '--output_dir is --run_dir=' in stops[13], stops[13]
+  assert 'inverting' not in ''.join(outputs[12:14])
 
 
 def test_replay_draws_reach_the_run_and_the_attack(replaying_run, attacks):
@@ -547,7 +577,7 @@ def test_replay_draws_reach_the_run_and_the_attack(replaying_run, attacks):
   _, asked = replaying_run
   assert asked == [(0, True)]
   stops, done, paths = attacks
-  assert len(stops) == 12 and stops[11] is None, (stops, done.stderr[-3000:])
+  assert len(stops) == 14 and stops[11] is None, (stops, done.stderr[-3000:])
   summary = json.loads((paths['replaying'] / 'inversion.json').read_text())
   check = summary['replay_check']['1']
   assert check['replay_to_saved'] == 0.0 < check['round_change'], check

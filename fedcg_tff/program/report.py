@@ -123,6 +123,21 @@ def definition_differences(run_dirs: Sequence[str]) -> list[str]:
   return out
 
 
+def mixed_client_counts(results: Sequence[RunResult], task: str) -> str:
+  """'' if every run of `task` in `results` has as many clients as the
+  others; else which runs have how many (the gains over Local pair runs
+  client by client, and one table would mix two setups)."""
+  runs_of = {}
+  for r in results:
+    if r.task == task:
+      runs_of.setdefault(len(r.test_at_best), []).append(
+          f'{r.algorithm} seed {r.seed}')
+  if len(runs_of) < 2:
+    return ''
+  return '; '.join(f'{count} clients: {", ".join(runs)}'
+                   for count, runs in sorted(runs_of.items()))
+
+
 def _ordered(values: Iterable[str], preferred: Sequence[str]) -> list[str]:
   values = set(values)
   return ([v for v in preferred if v in values] +
