@@ -28,7 +28,7 @@ from binaries import common
 
 from fedcg_tff.config import CLIENT_INITS, CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
 from fedcg_tff.execution import runtime  # Before TFF starts a worker: clean shutdown.
-from fedcg_tff.names import ALGORITHM_FLAGS, ALGORITHMS, DP_ALGORITHMS, SECURE_ALGORITHMS, TASK_FLAGS, TASKS
+from fedcg_tff.names import ALGORITHM_FLAGS, ALGORITHMS, DP_ALGORITHMS, SECURE_ALGORITHMS, SERVER_DATA_TASKS, TASK_FLAGS, TASKS
 from tasks import partition  # Numpy only: flags are checked before TF.
 
 _DEFAULTS = FedCGConfig()
@@ -138,6 +138,11 @@ def config_from_flags() -> FedCGConfig:
     raise app.UsageError(f'--{e}') from None
 
 
+def _no_server_data() -> app.UsageError:
+  return app.UsageError(f'--algorithm=feddf needs unlabeled server data, '
+                        f'which --task={FLAGS.task} does not provide')
+
+
 def _check_run_flags():
   common.at_least(1, 'rounds', 'patience', 'num_clients', 'train_per_client',
                   'server_data_size')
@@ -154,6 +159,8 @@ def _check_run_flags():
           f'--{name} is only used by --task={"|".join(tasks)}, not '
           f'--task={FLAGS.task} (each of its clients holds its domain\'s '
           'whole training split)')
+  if FLAGS.algorithm == 'feddf' and FLAGS.task not in SERVER_DATA_TASKS:
+    raise _no_server_data()
   common.finite('dirichlet_alpha', partition.MIN_DIRICHLET_ALPHA)
   if FLAGS['dirichlet_alpha'].present and FLAGS.partition != 'dirichlet':
     raise app.UsageError('--dirichlet_alpha is only used with '
@@ -187,9 +194,7 @@ def load_task(config: FedCGConfig):
       image_size=config.image_size)
   task = common.load_task(FLAGS.task, options)
   if server_size and task.server_images is None:
-    raise app.UsageError(
-        f'--algorithm=feddf needs unlabeled server data, which '
-        f'--task={FLAGS.task} does not provide')
+    raise _no_server_data()
   if server_size:
     # FedDF's server computation holds its images as float32 network inputs.
     size = config.image_size

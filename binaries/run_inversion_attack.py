@@ -147,10 +147,15 @@ def _saves(run_dir: str):
 
 
 def _check_rounds(run_dir: str, name: str, rounds: list[int]) -> None:
-  """Refuses, before any work, a round R whose previous state (the save
-  of round R - 1) the run does not keep."""
+  """Refuses, before any work, a round R the run never ran (after its
+  newest save: the round would be made up) or whose previous state (the
+  save of round R - 1) the run does not keep."""
   saves = _saves(run_dir)
   kept = saves.kept_rounds() if saves is not None else []
+  if kept and rounds[-1] > max(kept):
+    raise app.UsageError(
+        f'--rounds: --{name}={run_dir} has run {max(kept)} rounds (its '
+        f'newest checkpoint), not round {rounds[-1]}')
   missing = [r for r in rounds if r > 1 and r - 1 not in kept]
   if missing:
     raise app.UsageError(

@@ -26,3 +26,7 @@ ALGORITHM_FLAGS = {'prox_mu': ('fedprox',), 'diversity_weight': ('fedgen',),
 # (domain) tasks give each client its domain's whole training split.
 SAMPLED_TASKS = ('fmnist', 'fmnist_shift', 'cifar10', 'digit5')
 TASK_FLAGS = {'train_per_client': SAMPLED_TASKS}
+# Tasks with FedDF's unlabeled server images (tasks.registry's
+# DEFAULT_SERVER_SIZE above 0): `run_fedcg --algorithm=feddf` refuses the
+# others before loading anything, so a sweep stops before its first run.
+SERVER_DATA_TASKS = ('fmnist', 'fmnist_shift', 'cifar10', 'digit5')

@@ -415,6 +415,11 @@ def test_sweep_rejects_bad_flags(tmp_path):
             'is one of them'),
            ('--tasks=office_caltech10 --run_flags=--train_per_client=5',
             'sets --train_per_client, which only --task=fmnist|'),
+           # FedDF (among the default algorithms) on a task without server
+           # data: the sweep stops before its first run.
+           ('--tasks=office_caltech10', 'office_caltech10 feddf seed 1: '
+            '--algorithm=feddf needs unlabeled server data, which '
+            '--task=office_caltech10 does not provide'),
            # A value given, as a word of its own, to a flag that takes none.
            ("--algorithms=local --run_flags='--add_noise 1 --noise_std=0.1'",
             "fmnist local seed 1: Unexpected arguments: ['1']"),

@@ -253,6 +253,8 @@ def test_flags_list_every_registered_algorithm_and_task():
   assert run_fedcg.ALGORITHMS == catalog.ALGORITHMS
   assert run_fedcg.TASKS == tuple(registry.TASKS)
   assert config.MODELS == families.MODELS
+  assert names.SERVER_DATA_TASKS == tuple(
+      t for t, size in registry.DEFAULT_SERVER_SIZE.items() if size)
   # The flags that only some algorithms or tasks use are run_fedcg flags,
   # naming algorithms and tasks that exist.
   for table, known in ((names.ALGORITHM_FLAGS, catalog.ALGORITHMS),
@@ -449,7 +451,8 @@ def attacks(fedcg_run, replaying_run, tmp_path_factory):
   run, _, _ = fedcg_run
   replaying, _ = replaying_run
   tmp_path = tmp_path_factory.mktemp('attacks')
-  paths = {'out': tmp_path / 'inversion', 'refused': tmp_path / 'refused',
+  paths = {'run': run, 'out': tmp_path / 'inversion',
+           'refused': tmp_path / 'refused',
            'round_1': tmp_path / 'round_1',
            'replaying': tmp_path / 'replaying_inversion'}
   # Runs the attack must refuse, by their run.json alone.
@@ -483,7 +486,7 @@ def attacks(fedcg_run, replaying_run, tmp_path_factory):
       [f'--run_dir={run}', '--rounds=1,4', '--num_images=2',
        '--iterations=5', '--latent_iterations=5', '--latent_restarts=1',
        '--shadow_epochs=1', '--aux_size=24', f'--output_dir={paths["out"]}'],
-      [f'--run_dir={run}', '--rounds=1,9', f'--output_dir={refused}'],
+      [f'--run_dir={run}', '--rounds=1,3', f'--output_dir={refused}'],
       [f'--run_dir={run}', '--client=-1', f'--output_dir={refused}'],
       [f'--run_dir={fakes["on_disk"]}', f'--output_dir={refused}'],
       [f'--run_dir={fakes["secure"]}', f'--output_dir={refused}'],
@@ -507,6 +510,8 @@ def attacks(fedcg_run, replaying_run, tmp_path_factory):
       [f'--run_dir={run}', '--rounds=1', *tiny,
        f'--output_dir={paths["out"]}'],
       [f'--run_dir={run}', '--rounds=1', *tiny, f'--output_dir={run}'],
+      # A round after the run's last.
+      [f'--run_dir={run}', '--rounds=4,5', f'--output_dir={refused}'],
   ])
   return stops, done, paths
 
@@ -516,8 +521,8 @@ def test_inversion_attack_on_the_tiny_fedcg_run(attacks):
   above: every row, the replay check, the report; a round whose previous
   state is not kept is refused before any work."""
   stops, done, paths = attacks
-  out, refused = paths['out'], paths['refused']
-  assert len(stops) == 14 and stops[0] is None, (stops, done.stderr[-3000:])
+  run, out, refused = paths['run'], paths['out'], paths['refused']
+  assert len(stops) == 15 and stops[0] is None, (stops, done.stderr[-3000:])
   assert stops[10] is None, stops[10]
   # Round 1 beside the FedAvg run: its row inverts the extractor FedAvg
   # shares, one PSNR per attacked image.
@@ -558,7 +563,7 @@ def test_inversion_attack_on_the_tiny_fedcg_run(attacks):
   table = (out / 'inversion.md').read_text()
   assert '| 4 | fedcg | true E_i (upper bound) | E_i(x) (upper bound) |' in table
   assert (out / 'grid_round_4.png').stat().st_size > 1000
-  assert ('--rounds: round 9 needs the state after round 8' in stops[1]
+  assert ('--rounds: round 3 needs the state after round 2' in stops[1]
           and 'rounds [3, 4]' in stops[1]), stops[1]
   # A second attack into the first's directory or into the run: refused
   # before any work (the first report is the two-round one above).
@@ -566,7 +571,9 @@ def test_inversion_attack_on_the_tiny_fedcg_run(attacks):
                        '(inversion.json): give a new directory, or move that '
                        'one away'), stops[12]
   assert stops[13] and '--output_dir is --run_dir=' in stops[13], stops[13]
-  assert 'inverting' not in ''.join(outputs[12:14])
+  assert stops[14] == (f'--rounds: --run_dir={run} has run 4 rounds (its '
+                       'newest checkpoint), not round 5'), stops[14]
+  assert 'inverting' not in ''.join(outputs[12:15])
 
 
 def test_replay_draws_reach_the_run_and_the_attack(replaying_run, attacks):
@@ -577,7 +584,7 @@ def test_replay_draws_reach_the_run_and_the_attack(replaying_run, attacks):
   _, asked = replaying_run
   assert asked == [(0, True)]
   stops, done, paths = attacks
-  assert len(stops) == 14 and stops[11] is None, (stops, done.stderr[-3000:])
+  assert len(stops) == 15 and stops[11] is None, (stops, done.stderr[-3000:])
   summary = json.loads((paths['replaying'] / 'inversion.json').read_text())
   check = summary['replay_check']['1']
   assert check['replay_to_saved'] == 0.0 < check['round_change'], check
