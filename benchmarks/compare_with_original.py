@@ -122,6 +122,7 @@ def main(argv):
   if bad or not FLAGS.algorithms:
     raise app.UsageError(f'--algorithms: {bad or "empty"} not in '
                          f'{tuple(ORIGINAL)}')
+  common.writable_dir()
   common.distinct_list('algorithms', str, 'names')
   seeds = common.distinct_list('seeds', int, 'integers')
 

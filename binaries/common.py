@@ -64,40 +64,44 @@ def distinct_list(name: str, kind: type, what: str, valid=None,
   return values
 
 
-def writable_dir(name: str = 'output_dir') -> None:
+def writable_dir(name: str = 'output_dir', access: bool = True) -> None:
   """Refuses a directory flag the binary could not write into, before any
-  work: empty, an existing file, a path under a file, or one whose nearest
-  existing directory this user may not write (the attacks found that out
-  only when writing their reports, after all their work)."""
+  work: empty, an existing file, a path through a file or a broken
+  symlink, or (`access`) one whose nearest existing directory this user
+  may not write (the attacks found that out only when writing their
+  reports, after all their work)."""
   path = FLAGS[name].value
   if not path:
     raise app.UsageError(f'--{name} is empty: give a directory')
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise app.UsageError(f'--{name}={path} is a file, not a directory')
   existing = os.path.abspath(path)
-  while not os.path.exists(existing):
+  while not os.path.lexists(existing):
     existing = os.path.dirname(existing)
+  if not os.path.exists(existing):
+    raise app.UsageError(f'--{name}={path}: {existing} is a broken symlink')
   if not os.path.isdir(existing):
-    raise app.UsageError(f'--{name}={path}: {existing} is a file, not a '
-                         'directory')
-  if not os.access(existing, os.W_OK | os.X_OK):
+    raise app.UsageError(
+        f'--{name}={path} is a file, not a directory' if existing ==
+        os.path.abspath(path) else
+        f'--{name}={path}: {existing} is a file, not a directory')
+  if access and not os.access(existing, os.W_OK | os.X_OK):
     raise app.UsageError(f'--{name}={path}: {existing} is not writable')
 
 
 def fresh_report_dir(report_file: str, **runs_read: str) -> None:
   """Refuses an --output_dir that already holds this binary's report
   (`report_file`: a rerun would replace it and leave the earlier one's other
-  files beside it) or that is a run directory the binary reads (`runs_read`,
-  flag name -> path: a run's resume replaces its tensorboard/)."""
-  path = os.path.abspath(FLAGS.output_dir)
+  files beside it) or that is, or is inside, a run directory the binary
+  reads (`runs_read`, flag name -> path; symlinks resolved: a run's resume
+  replaces its tensorboard/)."""
+  path = os.path.realpath(FLAGS.output_dir)
   if os.path.exists(os.path.join(path, report_file)):
     raise app.UsageError(
         f'--output_dir={FLAGS.output_dir} holds an earlier report '
         f'({report_file}): give a new directory, or move that one away')
   for name, run in runs_read.items():
-    if run and os.path.abspath(run) == path:
-      raise app.UsageError(f'--output_dir is --{name}={run}: write the report '
-                           'outside the runs it reads')
+    if run and (path + os.sep).startswith(os.path.realpath(run) + os.sep):
+      raise app.UsageError(f'--output_dir is in --{name}={run}: write the '
+                           'report outside the runs it reads')
 
 
 def split_flags(name: str) -> list[str]:

@@ -507,7 +507,9 @@ def main(argv):
   # flags are compared.
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
 
-  common.writable_dir()
+  # Not yet whether it may be written: a finished run is reported from a
+  # read-only directory too.
+  common.writable_dir(access=False)
 
   def from_stored(stored):
     task_shape = {k: stored.get('config', {}).get(k)
@@ -521,6 +523,7 @@ def main(argv):
   if done is not None:
     _print_finished(done)
     return
+  common.writable_dir()
   configure_device()
 
   # TensorFlow starts here, after the flag checks: bad flags fail fast.

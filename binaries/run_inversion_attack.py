@@ -54,7 +54,8 @@ flags.DEFINE_string('run_dir', None, 'Output directory of the FedCG '
 flags.DEFINE_string('fedavg_run_dir', None, 'Optional: a FedAvg run of the '
                     'same task for the rows for scale.')
 flags.DEFINE_list('rounds', ['1'], 'Rounds R after which the server attacks '
-                  '(R = 1, or R - 1 among the run\'s kept checkpoints).')
+                  '(R = 1, or R - 1 among the run\'s kept checkpoints; R at '
+                  'most its newest checkpoint\'s round).')
 flags.DEFINE_integer('client', 0, 'Index of the attacked client.')
 flags.DEFINE_integer('num_images', 8, 'Training images of the client to '
                      'invert (a seeded draw).')

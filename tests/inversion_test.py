@@ -52,17 +52,28 @@ def test_inversion_recovers_images_through_a_known_invertible_extractor():
 def test_one_inverter_serves_several_extractors_traced_once():
   """The attack assigns each extractor's weights to one inverter's network:
   each call gives what an inversion through that extractor alone gives,
-  bit for bit, and the objective is traced once for all of them."""
+  bit for bit, its objective is the feature mismatch plus the TV prior
+  through the weights assigned (batch-norm statistics included), and it is
+  traced once for all of them."""
   def extractor(seed):
-    return tf.keras.Sequential([
+    model = tf.keras.Sequential([
         tf.keras.Input((8, 8, 1)),
-        tf.keras.layers.Conv2D(3, 3, activation='sigmoid',
-                               kernel_initializer=tf.keras.initializers
-                               .GlorotUniform(seed=seed))])
+        tf.keras.layers.Conv2D(3, 3, kernel_initializer=tf.keras.initializers
+                               .GlorotUniform(seed=seed)),
+        tf.keras.layers.BatchNormalization(),
+        tf.keras.layers.Activation('sigmoid')])
+    rng = np.random.default_rng(seed)
+    bn = model.layers[1]
+    bn.moving_mean.assign(rng.normal(size=3).astype(np.float32))
+    bn.moving_variance.assign(rng.uniform(0.5, 2, 3).astype(np.float32))
+    return model
   a, b = extractor(1), extractor(2)
   images = _smooth_images(2, 3)[:, :8, :8]
   options = inv.InversionOptions(iterations=15, tv_weight=1e-3, seed=4)
   inverter = inv.FeatureInverter(extractor(1), (8, 8, 1), RANGE, options)
+  flat = tf.constant(np.random.default_rng(5).uniform(-1, 1, 128),
+                     tf.float32)
+  x = tf.reshape(flat, (2, 8, 8, 1))
   for model in (a, b, a):
     model_weights.assign(inverter.extractor, model_weights.values(model))
     for target in (model(images).numpy(), b(images[::-1]).numpy()):
@@ -70,6 +81,11 @@ def test_one_inverter_serves_several_extractors_traced_once():
       alone = inv.invert_features(model, target, (8, 8, 1), RANGE, options)
       np.testing.assert_array_equal(got.images, alone.images)
       np.testing.assert_array_equal(got.mismatch, alone.mismatch)
+      value, _ = inverter._value_and_gradient(flat, tf.constant(target))
+      expected = tf.reduce_sum(
+          inv.feature_mismatch(model(x, training=False), target) +
+          1e-3 * inv.total_variation(x))
+      np.testing.assert_allclose(float(value), float(expected), rtol=1e-6)
   assert inverter._value_and_gradient.experimental_get_tracing_count() == 1
 
 

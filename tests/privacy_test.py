@@ -455,8 +455,6 @@ def test_fedavg_with_dp_uploads_noised_updates():
                                                                 3))
   before = driver.server_state.shared
   driver.run_round(0, data)
-  # The server holds the networks, not the mean update it was sent.
-  assert set(driver.server_state.shared) == {'extractor', 'classifier'}
   flat = lambda groups: np.concatenate(
       [np.ravel(w) for name in ('extractor', 'classifier')
        for w in groups[name]])

@@ -266,7 +266,7 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   three.write_text(json.dumps(result))
   # Then rerunning skips a finished run, and other run flags are refused
   # rather than mixed into the table (one of the four runs shows both).
-  # These five calls share one interpreter (one import of TensorFlow).
+  # These six calls share one interpreter (one import of TensorFlow).
   one_run = ['--output_dir=sweep', '--algorithms=local', '--tasks=fmnist',
              '--seeds=3']
   stops, done = binary_runs.main_calls('run_experiments', [

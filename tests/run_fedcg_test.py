@@ -113,6 +113,12 @@ def test_output_dir_that_is_a_file_is_refused_at_start(tmp_path,
   assert error == (f'--output_dir={locked}/new/run: {locked} is not '
                    'writable'), error
   assert os.listdir(locked) == []
+  # A path through a broken symlink (makedirs would fail on it at the end).
+  dangling = tmp_path / 'dangling'
+  os.symlink(tmp_path / 'nowhere', dangling)
+  error = _main([f'--output_dir={dangling}/run', absent])
+  assert error == (f'--output_dir={dangling}/run: {dangling} is a broken '
+                   'symlink'), error
 
 
 @pytest.mark.parametrize('args,message', [
@@ -509,7 +515,8 @@ def attacks(fedcg_run, replaying_run, tmp_path_factory):
       # Into the first call's report, and into the run it reads.
       [f'--run_dir={run}', '--rounds=1', *tiny,
        f'--output_dir={paths["out"]}'],
-      [f'--run_dir={run}', '--rounds=1', *tiny, f'--output_dir={run}'],
+      [f'--run_dir={run}', '--rounds=1', *tiny,
+       f'--output_dir={run}/tensorboard/inversion'],
       # A round after the run's last.
       [f'--run_dir={run}', '--rounds=4,5', f'--output_dir={refused}'],
   ])
@@ -570,7 +577,8 @@ def test_inversion_attack_on_the_tiny_fedcg_run(attacks):
   assert stops[12] == (f'--output_dir={out} holds an earlier report '
                        '(inversion.json): give a new directory, or move that '
                        'one away'), stops[12]
-  assert stops[13] and '--output_dir is --run_dir=' in stops[13], stops[13]
+  assert stops[13] == (f'--output_dir is in --run_dir={run}: write the '
+                       'report outside the runs it reads'), stops[13]
   assert stops[14] == (f'--rounds: --run_dir={run} has run 4 rounds (its '
                        'newest checkpoint), not round 5'), stops[14]
   assert 'inverting' not in ''.join(outputs[12:15])
@@ -618,6 +626,14 @@ def test_finished_run_is_reported_or_refused_before_tensorflow(fedavg_run,
     assert answer in done.stdout, done.stdout + done.stderr[-2000:]
     assert 'tensorflow imported: False' in done.stdout
   assert written == {p: p.read_bytes() for p in whole.iterdir() if p.is_file()}
+  # Also from a directory this user may not write (simulated: root may
+  # write anywhere), in this process.
+  access = os.access
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(os, 'access', lambda p, mode: (
+        False if os.path.abspath(p) == str(whole) else access(p, mode)))
+    assert _main([f'--output_dir={whole}', f'--data_dir={data_dir}',
+                  *_FEDAVG_RUN]) is None
 
 
 def test_two_workers_give_the_same_metrics(fedavg_run, data_dir, tmp_path):
