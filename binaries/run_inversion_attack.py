@@ -385,8 +385,18 @@ def main(argv):
   # Every replay first: the attack below draws random numbers, and TF's
   # global random state (DP noise) would change the shuffles of datasets
   # made after it.
-  replayed = {r: replay.client_round(r, FLAGS.client) for r in rounds}
-  fedavg_uploads = {r: fedavg.client_round(r, FLAGS.client)[2].upload
+  def replayed_round(run: _Replay, r: int):
+    # A whole clients' step each (its first also builds the process).
+    began = time.monotonic()
+    print(f'round {r}: recomputing the clients\' step of '
+          f'{run.run["algorithm"]} from {run.run_dir}', flush=True)
+    out = run.client_round(r, FLAGS.client)
+    print(f'round {r}: recomputed ({time.monotonic() - began:.0f}s)',
+          flush=True)
+    return out
+
+  replayed = {r: replayed_round(replay, r) for r in rounds}
+  fedavg_uploads = {r: replayed_round(fedavg, r)[2].upload
                     for r in rounds} if fedavg else {}
   templates = training_tf.InitialNetworks(config, ('generator', 'classifier'))
   # One extractor network for every inversion of this attack, holding each

@@ -552,6 +552,9 @@ def test_inversion_attack_on_the_tiny_fedcg_run(attacks):
   # output ends at its MAIN_CALL line).
   outputs = re.split(r'^MAIN_CALL .*$', done.stdout, flags=re.M)
   assert 'inverting' in outputs[0] and 'inverting' not in outputs[9]
+  # Progress through the replays, each a whole clients' step.
+  assert re.search(r"round 4: recomputing the clients' step of fedcg from "
+                   r".*\nround 4: recomputed \(\d+s\)", outputs[0]), outputs[0]
   # Nothing written, not even into the runs read.
   assert not refused.exists()
   assert not (paths['fedavg_no_saves'] / 'checkpoints').exists()
