@@ -13,6 +13,7 @@ import zlib
 
 import numpy as np
 
+from tasks import image_folder
 from tasks import image_task
 from tasks import pooled
 from tasks import tfds_loader
@@ -61,6 +62,7 @@ def _find(data_dir: str, stem: str) -> str:
     path = os.path.join(data_dir, name)
     if os.path.isfile(path):
       return path
+  image_folder.refuse_if_blocked(os.path.join(data_dir, stem), 'IDX file')
   raise FileNotFoundError(
       f'{stem}[.gz] not found in {data_dir!r}: install Debian\'s '
       '`dataset-fashion-mnist` package, point --data_dir at the four IDX '

@@ -12,9 +12,32 @@ from tasks import image_task
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.gif')
 
 
+def _blocked_by(path: str) -> str | None:
+  """The nearest existing directory above a `path` that looks missing, if
+  this user may not enter it (then `os.path.isdir` and `isfile` say False
+  whether or not `path` is there: a data set unpacked by another user)."""
+  here = os.path.abspath(path)
+  while not os.path.exists(here):
+    here = os.path.dirname(here)
+  if here == os.path.abspath(path) or not os.path.isdir(here):
+    return None
+  return None if os.access(here, os.X_OK) else here
+
+
+def refuse_if_blocked(path: str, what: str) -> None:
+  """ValueError naming `what` and the directory this user may not enter,
+  if that is why `path` looks missing."""
+  blocked = _blocked_by(path)
+  if blocked:
+    raise ValueError(f'{what} {path!r} cannot be read: this user may not '
+                     f'enter {blocked!r}')
+
+
 def require_dir(path: str, what: str) -> str:
-  """`path` if it is a directory; else FileNotFoundError naming `what`."""
+  """`path` if it is a directory; else FileNotFoundError naming `what` (or
+  `refuse_if_blocked`'s error)."""
   if not os.path.isdir(path):
+    refuse_if_blocked(path, what)
     raise FileNotFoundError(f'{what} not found: {path!r} is not a directory')
   return path
 
@@ -32,6 +55,7 @@ def load_class_folders(directory: str, classes: list[str], image_size: int,
   for label, name in enumerate(classes):
     class_dir = os.path.join(directory, name)
     if not os.path.isdir(class_dir):
+      refuse_if_blocked(class_dir, 'class folder')
       raise FileNotFoundError(
           f'class folder {class_dir!r} is missing: {directory!r} must hold '
           f'one folder per class ({", ".join(classes)})')

@@ -200,6 +200,21 @@ def test_folder_errors_name_the_path(tmp_path):
     return listdir(path)
 
   with pytest.MonkeyPatch.context() as patch:
+    # A domain folder this user may not enter: its class folders look
+    # missing, and the domain is named.
+    access = os.access
+    caltech = os.path.join(root, 'caltech')
+    patch.setattr(os, 'access', lambda p, mode: (
+        False if os.path.abspath(p) == caltech else access(p, mode)))
+    patch.setattr(os.path, 'isdir', lambda p, isdir=os.path.isdir: (
+        False if str(p).startswith(caltech + os.sep) else isdir(p)))
+    patch.setattr(os.path, 'exists', lambda p, exists=os.path.exists: (
+        False if str(p).startswith(caltech + os.sep) else exists(p)))
+    with pytest.raises(ValueError, match=(
+        f"class folder '{caltech}/back_pack' cannot be read: this user may "
+        f"not enter '{caltech}'")):
+      office_caltech10.build(TaskOptions(data_dir=root))
+  with pytest.MonkeyPatch.context() as patch:
     patch.setattr(os, 'listdir', refusing)
     with pytest.raises(ValueError, match="caltech/projector' cannot be "
                        'listed \\(Permission denied\\)$'):

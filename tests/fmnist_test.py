@@ -1,5 +1,7 @@
 """The FMNIST task on IDX files and TFDS data that the tests make."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -127,6 +129,22 @@ def test_build_rejects_impossible_split(tmp_path):
     fmnist.build(_options(tmp_path, train_per_client=125))
   with pytest.raises(ValueError, match="'idx' or 'tfds'"):
     fmnist.build(_options(tmp_path, data_source='csv'))
+
+
+def test_idx_files_this_user_may_not_reach_are_named(tmp_path, monkeypatch):
+  """A data directory inside one this user may not enter is reported as
+  such, not as missing files to install (simulated: root enters any)."""
+  locked = tmp_path / 'locked'
+  locked.mkdir()
+  with pytest.raises(FileNotFoundError, match='dataset-fashion-mnist'):
+    fmnist.load_idx(str(locked / 'idx'))
+  access = os.access
+  monkeypatch.setattr(os, 'access', lambda p, mode: (
+      False if os.path.abspath(p) == str(locked) else access(p, mode)))
+  with pytest.raises(ValueError, match=(
+      f"IDX file '{locked}/idx/train-images-idx3-ubyte' cannot be read: "
+      f"this user may not enter '{locked}'")):
+    fmnist.load_idx(str(locked / 'idx'))
 
 
 def test_tfds_source_with_mock_data():
