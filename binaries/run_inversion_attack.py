@@ -460,11 +460,9 @@ def main(argv):
                 tname == 'sampled')
 
     if fedavg:
-      shared = fedavg_uploads[r]['extractor']
-      model_weights.assign(inverter.extractor, shared)
+      model_weights.assign(inverter.extractor, fedavg_uploads[r]['extractor'])
       target = inverter.extractor(images, training=False).numpy()
-      add_row(r, 'fedavg', 'shared', 'features', invert(shared, target),
-              False)
+      add_row(r, 'fedavg', 'shared', 'features', inverter(target), False)
 
   references = {name: dlg_tf.psnr(truth, np.full_like(truth, value)).tolist()
                 for name, value in (('black', 0.0), ('grey', 0.5))}

@@ -344,7 +344,8 @@ def main(argv):
                                                    results[name])
               for name, threat, sigma in table_rows if name in results}
   for name, info in training.items():
-    _check_clients(name, info, results[name], task)
+    if name not in given:  # The runs given were checked above.
+      _check_clients(name, info, results[name], task)
   config = FedCGConfig(seed=FLAGS.seed, num_classes=task.num_classes,
                        image_channels=task.channels).validate()
   chosen = np.random.default_rng(FLAGS.seed).permutation(
