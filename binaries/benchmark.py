@@ -1,7 +1,7 @@
 r"""Times FedCG rounds on real Fashion-MNIST, phase by phase.
 
   .venv/bin/python -m binaries.benchmark                  # 4 clients, 1 worker
-  .venv/bin/python -m binaries.benchmark --clients=16 --workers=2 \
+  .venv/bin/python -m binaries.benchmark --num_clients=16 --workers=2 \
       --json=bench.json
 
 Rounds run through the driver every binary uses (`program.driver`, with
@@ -54,7 +54,9 @@ from fedcg_tff.execution import devices
 from fedcg_tff.execution import flops
 from fedcg_tff.execution import runtime
 
-flags.DEFINE_integer('clients', 4, 'Number of FMNIST clients.')
+flags.DEFINE_integer('num_clients', 4, 'Number of FMNIST clients (as '
+                     "run_fedcg's flag, whose name the task's errors use).")
+flags.DEFINE_alias('clients', 'num_clients')
 flags.DEFINE_integer('train_per_client', 2000, 'Training images per client.')
 flags.DEFINE_integer('batch_size', 8, 'Batch size.')
 flags.DEFINE_integer('local_epochs', 1, 'Stage-1 epochs per round.')
@@ -116,7 +118,7 @@ def main(argv):
   if FLAGS.full_protocol:
     FLAGS.local_epochs, FLAGS.gan_epochs, FLAGS.server_steps = 20, 20, 2000
     FLAGS.rounds, FLAGS.warmup_rounds = 1, 0
-  common.at_least(1, 'clients', 'train_per_client', 'batch_size',
+  common.at_least(1, 'num_clients', 'train_per_client', 'batch_size',
                   'local_epochs', 'gan_epochs', 'server_steps', 'rounds')
   common.at_least(0, 'warmup_rounds')
   common.seed()
@@ -145,7 +147,7 @@ def main(argv):
   # Before any TFF tracing: Keras models built afterwards in this process
   # would be built inside TFF's graph-mode state.
   forward = flops.forward_flops(config)
-  options = dict(num_clients=FLAGS.clients,
+  options = dict(num_clients=FLAGS.num_clients,
                  train_per_client=FLAGS.train_per_client, seed=FLAGS.seed,
                  image_size=config.image_size)
   if FLAGS.data_dir:
@@ -153,13 +155,13 @@ def main(argv):
   task = common.load_task('fmnist', TaskOptions(**options))
   pool = common.worker_pool()
 
-  print(f'FedCG on FMNIST: {FLAGS.clients} clients x '
+  print(f'FedCG on FMNIST: {FLAGS.num_clients} clients x '
         f'{FLAGS.train_per_client} images, batch {FLAGS.batch_size}, '
         f'{FLAGS.local_epochs} + {FLAGS.gan_epochs} epochs, '
         f'{FLAGS.server_steps} distillation steps, '
         f'{len(pool) if pool else 1} worker(s)', flush=True)
   timings = []
-  driver = catalog.build('fedcg', config, FLAGS.clients, workers=pool,
+  driver = catalog.build('fedcg', config, FLAGS.num_clients, workers=pool,
                          on_timing=timings.append, timed=True)
   val, test = task.val_datasets(), task.test_datasets()
 
@@ -187,7 +189,7 @@ def main(argv):
           if k != 'round'}
   stage1, stage2 = flops.training_flops(config, forward,
                                        FLAGS.train_per_client)
-  train_flops = FLAGS.clients * (stage1 + stage2)
+  train_flops = FLAGS.num_clients * (stage1 + stage2)
   train_seconds = mean['client_stage1_s'] + mean['client_stage2_s']
   peak, peak_how = devices.peak_float32_flops()
   no_peak = '/proc/cpuinfo lists no clock'

@@ -23,13 +23,16 @@ def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
       [*tiny, '--clients=0'],
       [*tiny, '--seed=-1'],
       [*tiny, f'--json={tmp_path / "absent" / "bench.json"}'],
+      # 5 x 16 images, from 64: the task's error names the benchmark's flag.
+      [*tiny, '--num_clients=5'],
       [*tiny, '--warmup_rounds=1', '--rounds=2', f'--json={out}'],
   ])
-  assert len(stops) == 4, done.stderr[-3000:]
+  assert len(stops) == 5, done.stderr[-3000:]
   assert 'clients' in stops[0] and '>= 1' in stops[0]
   assert '--seed must be in [0, 2147483647], got -1' in stops[1], stops[1]
   assert stops[2] and 'not a file in an existing directory' in stops[2]
-  assert stops[3] is None, done.stderr[-3000:]
+  assert 'lower --num_clients or --train_per_client' in stops[3], stops[3]
+  assert stops[4] is None, done.stderr[-3000:]
   # The refused ones stopped before any round: one run's output alone.
   assert done.stdout.count('peak RSS') == 1
 
