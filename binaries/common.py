@@ -12,9 +12,10 @@ import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -87,20 +88,21 @@ def writable_dir(name: str = 'output_dir', access: bool = True) -> None:
     raise app.UsageError(f'--{name}={path}: {existing} is not writable')
 
 
-def fresh_report_dir(report_file: str, **runs_read: str) -> None:
+def fresh_report_dir(report_file: str,
+                     runs: Optional[dict[str, str]] = None) -> None:
   """Refuses an --output_dir that already holds this binary's report
   (`report_file`: a rerun would replace it and leave the earlier one's other
   files beside it) or that is, or is inside, a run directory the binary
-  reads (`runs_read`, flag name -> path; symlinks resolved: a run's resume
-  replaces its tensorboard/)."""
+  reads or trains (`runs`, what the error calls it -> path; symlinks
+  resolved: a run's resume replaces its tensorboard/)."""
   path = os.path.realpath(FLAGS.output_dir)
   if os.path.exists(os.path.join(path, report_file)):
     raise app.UsageError(
         f'--output_dir={FLAGS.output_dir} holds an earlier report '
         f'({report_file}): give a new directory, or move that one away')
-  for name, run in runs_read.items():
+  for label, run in (runs or {}).items():
     if run and (path + os.sep).startswith(os.path.realpath(run) + os.sep):
-      raise app.UsageError(f'--output_dir is in --{name}={run}: write the '
+      raise app.UsageError(f'--output_dir is in {label}: write the '
                            'report outside the runs it reads')
 
 
@@ -253,6 +255,16 @@ def run_flags_for(algorithm: str, task: str,
       continue
     kept.append(token)
   return kept
+
+
+def sweep_time_left(ran: dict, left) -> float:
+  """Seconds the runs `left` ((task, algorithm, seed)) of a sweep would
+  take, each at the median of the runs `ran` ((task, algorithm) -> seconds
+  of those trained) of its task and algorithm, else of all in `ran`: an
+  algorithm's runs cost alike across seeds, FedCG's several FedAvg's."""
+  every = statistics.median(s for seconds in ran.values() for s in seconds)
+  return sum(statistics.median(ran[t, a]) if (t, a) in ran else every
+             for t, a, _ in left)
 
 
 REFUSED = 2  # run_fedcg.check_runs' exit code for a refused run.

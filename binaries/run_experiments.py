@@ -37,6 +37,7 @@ from binaries import common
 # SIGTERM and SIGHUP end the sweep like Ctrl-C, and its run with it.
 from fedcg_tff.execution import runtime  # pylint: disable=unused-import
 from fedcg_tff.names import ALGORITHMS, TASKS
+from fedcg_tff.program import run_record
 
 flags.DEFINE_list('algorithms', list(ALGORITHMS), 'Algorithms to run.')
 flags.DEFINE_list('tasks', ['fmnist'], 'Tasks to run.')
@@ -89,6 +90,15 @@ def run_args(task: str, algorithm: str, seed: int,
           *common.run_flags_for(algorithm, task, extra)]
 
 
+def _results_stamp(task: str, algorithm: str, seed: int):
+  """The run's results.json's modification time, None while it has none."""
+  try:
+    return os.stat(os.path.join(run_dir(task, algorithm, seed),
+                                run_record.RESULTS_FILE)).st_mtime_ns
+  except OSError:
+    return None
+
+
 def run_dir(task: str, algorithm: str, seed: int) -> str:
   task_level = (task,) if FLAGS.task_dirs else ()
   return os.path.join(os.path.abspath(FLAGS.output_dir), *task_level,
@@ -108,14 +118,27 @@ def main(argv):
                                 for t, a, s in runs})
   failed, failed_runs = [], set()
   started = time.monotonic()
+  ran = {}  # (task, algorithm) -> seconds of each run this sweep ran.
   for n, (task, algorithm, seed) in enumerate(runs, 1):
     label = f'[{n}/{len(runs)}] {task} {algorithm} seed {seed}'
     print(f'{label}: {run_dir(task, algorithm, seed)}', flush=True)
+    before = _results_stamp(task, algorithm, seed)
+    run_started = time.monotonic()
     code = common.run_fedcg(run_args(task, algorithm, seed, extra))
     if code:
       failed.append((label, code))
       failed_runs.add((task, algorithm, seed))
       print(f'{label}: failed with exit code {code}', flush=True)
+    elif before is None or _results_stamp(task, algorithm, seed) != before:
+      # A run that trained (a finished one is passed over in a second).
+      ran.setdefault((task, algorithm), []).append(
+          time.monotonic() - run_started)
+    left = runs[n:]
+    if left and ran:
+      print(f'sweep: {len(left)} run(s) left, about '
+            f'{run_record.duration(common.sweep_time_left(ran, left))} at '
+            'the times of the runs it trained (runs already finished and '
+            'early stopping take less)', flush=True)
   print(f'sweep: {len(runs)} runs, {time.monotonic() - started:.0f}s',
         flush=True)
   if failed:
@@ -138,7 +161,6 @@ def write_reports(runs) -> None:
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from fedcg_tff.program import report  # pylint: disable=g-import-not-at-top
-  from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
 
   output_dir = os.path.abspath(FLAGS.output_dir)
   # Everything is read before any earlier report is removed.

@@ -48,6 +48,7 @@ import tensorflow as tf
 
 from binaries import common
 from fedcg_tff.execution import runtime  # Before TFF loads: clean exit.
+from fedcg_tff.names import POOLED_TASKS
 
 flags.DEFINE_string('run_dir', None, 'Output directory of the FedCG '
                     '`run_fedcg` run to attack (run.json, checkpoints/).')
@@ -98,6 +99,13 @@ def _read_run(path: str, algorithm: str) -> dict:
   if run['algorithm'] != algorithm:
     raise app.UsageError(f'--{name}={path} is a {run["algorithm"]} run, '
                          f'not {algorithm}')
+  if run['task'] not in POOLED_TASKS:
+    # From run.json, before the task's data loads (DomainNet's: minutes).
+    raise app.UsageError(
+        f'--{name}={path} is a run of task {run["task"]}: the shadow '
+        'extractors train on labelled auxiliary images from the pooled '
+        'training split the clients are drawn from, which only '
+        f'{", ".join(POOLED_TASKS)} have')
   if run.get('aggregation') == 'secure':
     raise app.UsageError(f'--{name}={path} used --aggregation=secure: the '
                          'server never sees one client\'s upload')
@@ -292,8 +300,10 @@ def main(argv):
     _check_same_data(fedcg_run, fedavg_run)
     _check_rounds(FLAGS.fedavg_run_dir, 'fedavg_run_dir', rounds)
   common.writable_dir()
-  common.fresh_report_dir('inversion.json', run_dir=FLAGS.run_dir,
-                          fedavg_run_dir=FLAGS.fedavg_run_dir)
+  common.fresh_report_dir('inversion.json', {
+      f'--{name}={path}': path for name, path in (
+          ('run_dir', FLAGS.run_dir), ('fedavg_run_dir', FLAGS.fedavg_run_dir))
+      if path})
 
   import numpy as np  # pylint: disable=g-import-not-at-top
   from fedcg_tff.privacy import dlg_tf  # pylint: disable=g-import-not-at-top
@@ -320,9 +330,6 @@ def main(argv):
   if FLAGS.client >= task.num_clients:
     raise app.UsageError(f'--client={FLAGS.client}: the run has '
                          f'{task.num_clients} clients')
-  if task.server_labels is None:
-    raise app.UsageError(f'--run_dir: task {task.name} has no pooled '
-                         'training split to draw auxiliary images from')
   own_images, own_labels = task.clients[FLAGS.client].train
   if FLAGS.num_images > len(own_labels):
     raise app.UsageError(f'--num_images={FLAGS.num_images} is more than '
@@ -502,6 +509,7 @@ def main(argv):
   print(f'\nModel inversion, client {FLAGS.client}, {FLAGS.num_images} '
         f'images ({time.monotonic() - started:.0f}s):\n' + markdown)
   print(f'report: {os.path.join(FLAGS.output_dir, "inversion.md")}; '
+        f'grids: grid_round_R.png{report.grid_note(len(truth))}; '
         f'TensorBoard: tensorboard --logdir '
         f'{os.path.join(FLAGS.output_dir, "tensorboard")}')
 

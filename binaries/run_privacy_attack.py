@@ -182,11 +182,16 @@ def _check_flags() -> dict[str, str]:
   return results
 
 
+def _train_dir(name: str) -> str:
+  """Where row `name` trains: <train_dir>/<name>."""
+  return os.path.join(os.path.abspath(FLAGS.train_dir), name)
+
+
 def _training_command(name: str, threat: str, sigma: float) -> list[str]:
   """run_fedcg's flags for a row's training run into <train_dir>/<name>
   (less those its algorithm or task does not use: `common.run_flags_for`)."""
   algorithm, client_init = trained_as(threat)
-  directory = os.path.join(os.path.abspath(FLAGS.train_dir), name)
+  directory = _train_dir(name)
   command = [f'--algorithm={algorithm}', f'--client_init={client_init}',
              f'--seed={FLAGS.seed}', f'--task={FLAGS.task}',
              f'--output_dir={directory}']
@@ -213,7 +218,7 @@ def train(names_to_train: list[tuple[str, str, float]]) -> dict[str, str]:
                          f'run {e}') from None
   found = {}
   for n, (name, command) in enumerate(commands.items(), 1):
-    directory = os.path.join(os.path.abspath(FLAGS.train_dir), name)
+    directory = _train_dir(name)
     print(f'[train {n}/{len(commands)}] {name}: run_fedcg '
           f'{shlex.join(command)}', flush=True)
     code = common.run_fedcg(command)
@@ -306,7 +311,11 @@ def main(argv):
   results = _check_flags()
   table_rows = rows()
   common.writable_dir()
-  common.fresh_report_dir('privacy.json')
+  trained = ([name for name, _, _ in table_rows if name not in results]
+             if FLAGS.train_dir else [])
+  common.fresh_report_dir('privacy.json', {
+      f'{_train_dir(name)} (row {name}\'s run under --train_dir)':
+      _train_dir(name) for name in trained})
   started = time.monotonic()
   # The runs given are checked before any other row trains.
   given = {name: accuracy_of(name, threat, sigma, results[name])
@@ -470,7 +479,8 @@ def main(argv):
         f'mean ± std over images ({time.monotonic() - started:.0f}s):\n'
         + markdown)
   print(f'report: {os.path.join(FLAGS.output_dir, "privacy.md")}; grid: '
-        f'{grid_path}; TensorBoard: tensorboard --logdir '
+        f'{grid_path}{report.grid_note(len(truth))}; TensorBoard: '
+        'tensorboard --logdir '
         f'{os.path.join(FLAGS.output_dir, "tensorboard")}')
 
 

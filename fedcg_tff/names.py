@@ -30,3 +30,8 @@ TASK_FLAGS = {'train_per_client': SAMPLED_TASKS}
 # DEFAULT_SERVER_SIZE above 0): `run_fedcg --algorithm=feddf` refuses the
 # others before loading anything, so a sweep stops before its first run.
 SERVER_DATA_TASKS = ('fmnist', 'fmnist_shift', 'cifar10', 'digit5')
+# Tasks drawn from one labelled pool (`tasks.pooled`): their server slice
+# has labels, which the inversion attack's shadow extractors train on
+# (Digit5's server domain comes unlabelled); the attack refuses the others
+# from run.json, before their data loads.
+POOLED_TASKS = ('fmnist', 'fmnist_shift', 'cifar10')

@@ -577,6 +577,12 @@ def test_binary_names_the_bad_flag(tmp_path):
        f'--output_dir={not_json}/x: {not_json} is a file, not a directory'),
       (['--algorithms=fedavg', train, f'--output_dir={earlier}'],
        f'--output_dir={earlier} holds an earlier report (privacy.json)'),
+      # Inside a run this binary would train (its resume replaces its
+      # tensorboard/); refused before the data (absent here) is read.
+      (['--algorithms=fedavg', train, f'--data_dir={tmp_path / "absent"}',
+        f'--output_dir={tmp_path / "train" / "fedavg" / "tensorboard"}'],
+       f'--output_dir is in {tmp_path / "train" / "fedavg"} (row fedavg\'s '
+       'run under --train_dir): write the report outside the runs it reads'),
       (['--algorithms=fedavg', train, "--train_flags=--data_dir=/o'brien"],
        "--train_flags=--data_dir=/o'brien: No closing quotation"),
       # The client attacked is checked on the task before any row trains.

@@ -5,6 +5,7 @@ import glob
 import io
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -157,6 +158,35 @@ def test_gains_over_local_and_chart(tmp_path):
   assert pixels.ndim == 3 and pixels.shape[2] == 3 and pixels.dtype == np.uint8
 
 
+def test_reconstruction_grid_shows_its_first_rows_within_matplotlib_limit(
+    tmp_path, monkeypatch):
+  """One row per attacked image, up to GRID_MAX_ROWS (at 504 rows the
+  figure would pass matplotlib's 2^16 px, after the attack's tables were
+  written); the binaries say how many the grid shows."""
+  rng = np.random.default_rng(0)
+
+  def grid(count, name):
+    truth = rng.uniform(size=(count, 8, 8, 1)).astype(np.float32)
+    pixels = report.reconstruction_grid(
+        truth, {'fedcg': truth}, {'fedcg': [20.0] * count},
+        str(tmp_path / name))
+    with Image.open(tmp_path / name) as image:
+      assert image.size == pixels.shape[1::-1]
+    return pixels.shape[0]
+
+  assert (report.grid_rows(3), report.grid_note(3)) == (3, '')
+  two, three = grid(2, 'two.png'), grid(3, 'three.png')
+  assert three - two == 130  # 1.3 in at 100 dpi a row.
+  monkeypatch.setattr(report, 'GRID_MAX_ROWS', 2)
+  assert grid(3, 'capped.png') == two
+  assert report.grid_note(3) == (' (its first 2 of 3 images; TensorBoard '
+                                 'has every one)')
+  # The real cap stays below matplotlib's limit.
+  monkeypatch.undo()
+  assert 130 * report.GRID_MAX_ROWS + 30 < 2 ** 16
+  assert report.grid_rows(600) == report.GRID_MAX_ROWS
+
+
 def test_curves_come_from_metrics_csv_and_average_over_the_seeds_run(
     tmp_path):
   path = tmp_path / 'metrics.csv'
@@ -208,6 +238,11 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
           '--tasks=fmnist', '--seeds=3', run_flags + ' --prox_mu 0.02']
   proc = _sweep(args, cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
+  # After Local's run, FedProx's left (at Local's time: none of its own).
+  assert re.search(r'\[1/2\] fmnist local seed 3: .*\nsweep: 1 run\(s\) left, '
+                   r'about \d+m\d\ds at the times', proc.stdout, re.S), (
+                       proc.stdout)
+  assert 'sweep: 0 run' not in proc.stdout
   for algorithm, mu in (('local', 0.01), ('fedprox', 0.02)):
     run = out / 'fmnist' / algorithm / 'seed_3'
     assert (run / 'results.json').exists()
@@ -264,15 +299,15 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   result = json.loads(three.read_text())
   result['test_accuracy_at_best_val'].append(0.5)
   three.write_text(json.dumps(result))
-  # Then rerunning skips a finished run, and other run flags are refused
-  # rather than mixed into the table (one of the four runs shows both).
+  # Then rerunning skips finished runs, and other run flags are refused
+  # rather than mixed into the table.
   # These six calls share one interpreter (one import of TensorFlow).
   one_run = ['--output_dir=sweep', '--algorithms=local', '--tasks=fmnist',
              '--seeds=3']
   stops, done = binary_runs.main_calls('run_experiments', [
       ['--output_dir=flat', *args[1:-1], '--report_only', '--notask_dirs'],
       ['--output_dir=no_csv', *args[1:-1], '--report_only', '--notask_dirs'],
-      [*one_run, run_flags],
+      args,
       [*one_run, run_flags + ' --lr=0.001'],
       ['--output_dir=mixed', '--algorithms=local,fedprox', '--tasks=fmnist',
        '--seeds=3,4', '--report_only', '--notask_dirs'],
@@ -294,6 +329,8 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   assert (tmp_path / 'mixed' / 'results.md').read_text() == (
       'an earlier report')  # Refused before any report is touched.
   remade, no_csv, again, changed = done.stdout.split('MAIN_CALL ')[:4]
+  # Finished runs passed over give the sweep no time to go by.
+  assert 'run(s) left' not in again and '[2/2]' in again, again
   assert stops[:3] == [None, None, None], (stops, done.stderr[-3000:])
   assert (tmp_path / 'flat' / 'results.md').read_text() == table
   assert (tmp_path / 'flat' / 'paper_fmnist.md').read_text() == beside
@@ -302,17 +339,16 @@ def test_sweep_runs_resumably_and_reports(tmp_path):
   assert (tmp_path / 'no_csv' / 'results.md').read_text() == table
   assert (tmp_path / 'no_csv' / 'curves_fmnist.png').exists()
   assert 'already holds' not in remade  # Nothing ran.
-  assert again.count('already holds this finished run') == 1, again
+  assert again.count('already holds this finished run') == 2, again
   assert stops[3] and '1 run(s) failed' in stops[3], stops
   assert '--lr: stored 0.0003, given 0.001' in done.stderr
   assert 'already holds' not in changed
   # Its earlier result stays out of this sweep's tables.
   assert 'left out of the report: [1/1] fmnist local seed 3' in changed
-  # With no run finished, the reports of the sweep before (Local's alone)
-  # are left as they were, not removed.
+  # With no run finished, the reports of the sweep before are left as they
+  # were, not removed.
   assert 'no finished run to report: the reports already in' in changed
-  local_only = (tmp_path / 'sweep' / 'results.md').read_text()
-  assert '| local |' in local_only and 'fedprox' not in local_only
+  assert (tmp_path / 'sweep' / 'results.md').read_text() == md
   assert (tmp_path / 'sweep' / 'tensorboard').exists()
 
 
@@ -388,6 +424,16 @@ def test_terminated_sweep_ends_its_run(tmp_path, how):
         process.kill()
       except psutil.NoSuchProcess:
         pass
+
+
+def test_sweep_time_left_goes_by_each_algorithms_runs():
+  ran = {('fmnist', 'fedcg'): [100.0, 300.0, 200.0],
+         ('fmnist', 'local'): [10.0]}
+  left = [('fmnist', 'fedcg', 4), ('fmnist', 'fedavg', 1),
+          ('fmnist', 'local', 2)]
+  # FedCG at its median (200), FedAvg, not yet run, at all runs' (150),
+  # Local at its own (10).
+  assert common.sweep_time_left(ran, left) == 200.0 + 150.0 + 10.0
 
 
 def test_run_flags_reach_only_the_runs_that_use_them():

@@ -255,12 +255,17 @@ def test_flags_list_every_registered_algorithm_and_task():
   from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
   from fedcg_tff import config  # pylint: disable=g-import-not-at-top
   from fedcg_tff.models import families  # pylint: disable=g-import-not-at-top
+  from tasks import pooled  # pylint: disable=g-import-not-at-top
   from tasks import registry  # pylint: disable=g-import-not-at-top
   assert run_fedcg.ALGORITHMS == catalog.ALGORITHMS
   assert run_fedcg.TASKS == tuple(registry.TASKS)
   assert config.MODELS == families.MODELS
   assert names.SERVER_DATA_TASKS == tuple(
       t for t, size in registry.DEFAULT_SERVER_SIZE.items() if size)
+  # The tasks built by tasks.pooled (labelled server slice).
+  assert names.POOLED_TASKS == tuple(
+      t for t, module in registry._MODULES.items()  # pylint: disable=protected-access
+      if getattr(module, 'pooled', None) is pooled)
   # The flags that only some algorithms or tasks use are run_fedcg flags,
   # naming algorithms and tasks that exist.
   for table, known in ((names.ALGORITHM_FLAGS, catalog.ALGORITHMS),
@@ -468,6 +473,7 @@ def attacks(fedcg_run, replaying_run, tmp_path_factory):
       ('on_disk', 'run', {'client_states_on_disk': True}),
       ('secure', 'run', {'aggregation': 'secure'}),
       ('sampled', 'run', {'clients_per_round': 1}),
+      ('office', 'run', {'task': 'office_caltech10'}),
       ('fedavg_seed_9', 'config', {'seed': 9}),
       ('fedavg_tpc', 'run', {'train_per_client': 17}),
       ('fedavg_no_saves', 'run', {}),
@@ -519,6 +525,9 @@ def attacks(fedcg_run, replaying_run, tmp_path_factory):
        f'--output_dir={run}/tensorboard/inversion'],
       # A round after the run's last.
       [f'--run_dir={run}', '--rounds=4,5', f'--output_dir={refused}'],
+      # A task without a labelled pool, refused from run.json alone (its
+      # data dir is this run's FMNIST: loading it would fail otherwise).
+      [f'--run_dir={fakes["office"]}', f'--output_dir={refused}'],
   ])
   return stops, done, paths
 
@@ -529,7 +538,7 @@ def test_inversion_attack_on_the_tiny_fedcg_run(attacks):
   state is not kept is refused before any work."""
   stops, done, paths = attacks
   run, out, refused = paths['run'], paths['out'], paths['refused']
-  assert len(stops) == 15 and stops[0] is None, (stops, done.stderr[-3000:])
+  assert len(stops) == 16 and stops[0] is None, (stops, done.stderr[-3000:])
   assert stops[10] is None, stops[10]
   # Round 1 beside the FedAvg run: its row inverts the extractor FedAvg
   # shares, one PSNR per attacked image.
@@ -584,7 +593,12 @@ def test_inversion_attack_on_the_tiny_fedcg_run(attacks):
                        'report outside the runs it reads'), stops[13]
   assert stops[14] == (f'--rounds: --run_dir={run} has run 4 rounds (its '
                        'newest checkpoint), not round 5'), stops[14]
-  assert 'inverting' not in ''.join(outputs[12:15])
+  assert stops[15] == (
+      f'--run_dir={paths["office"]} is a run of task office_caltech10: the '
+      'shadow extractors train on labelled auxiliary images from the pooled '
+      'training split the clients are drawn from, which only fmnist, '
+      'fmnist_shift, cifar10 have'), stops[15]
+  assert 'inverting' not in ''.join(outputs[12:16])
 
 
 def test_replay_draws_reach_the_run_and_the_attack(replaying_run, attacks):
@@ -595,7 +609,7 @@ def test_replay_draws_reach_the_run_and_the_attack(replaying_run, attacks):
   _, asked = replaying_run
   assert asked == [(0, True)]
   stops, done, paths = attacks
-  assert len(stops) == 15 and stops[11] is None, (stops, done.stderr[-3000:])
+  assert len(stops) == 16 and stops[11] is None, (stops, done.stderr[-3000:])
   summary = json.loads((paths['replaying'] / 'inversion.json').read_text())
   check = summary['replay_check']['1']
   assert check['replay_to_saved'] == 0.0 < check['round_change'], check

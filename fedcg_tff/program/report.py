@@ -471,18 +471,38 @@ def inversion_markdown(rows: Sequence[dict], extractor_labels: dict,
       + '.\n')
 
 
+# Rows of a reconstruction grid: 130 px each, and matplotlib refuses a
+# figure of 2^16 px or more (504 rows). The attacks write every
+# reconstruction to TensorBoard as well; the grid shows the first rows.
+GRID_MAX_ROWS = 64
+
+
+def grid_rows(count: int) -> int:
+  """How many of `count` attacked images `reconstruction_grid` shows."""
+  return min(count, GRID_MAX_ROWS)
+
+
+def grid_note(count: int) -> str:
+  """What a binary says beside a grid's path: '' when it shows all."""
+  if grid_rows(count) == count:
+    return ''
+  return (f' (its first {grid_rows(count)} of {count} images; TensorBoard '
+          'has every one)')
+
+
 def reconstruction_grid(true_images: np.ndarray,
                         reconstructions: dict[str, np.ndarray],
                         psnrs: dict[str, Sequence[float]], path: str):
-  """A grid of images in [0, 1] (NHWC): one row per attacked image, the true
-  image then each algorithm's reconstruction with its PSNR. Writes a PNG to
-  `path` (write then rename); returns the figure's RGB pixels (uint8)."""
+  """A grid of images in [0, 1] (NHWC): one row per attacked image (the
+  first `grid_rows(len(true_images))`), the true image then each
+  algorithm's reconstruction with its PSNR. Writes a PNG to `path` (write
+  then rename); returns the figure's RGB pixels (uint8)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
   columns = ['true'] + list(reconstructions)
-  count = len(true_images)
+  count = grid_rows(len(true_images))
   fig, axes = plt.subplots(count, len(columns), squeeze=False,
                            figsize=(1.25 * len(columns), 1.3 * count + 0.3),
                            dpi=100)

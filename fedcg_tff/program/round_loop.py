@@ -36,6 +36,7 @@ import tree
 
 from fedcg_tff.program import checkpoint
 from fedcg_tff.program import run_files
+from fedcg_tff.program import run_record
 
 
 class Algorithm(Protocol):
@@ -107,20 +108,13 @@ class BestTracker:
     return '\n'.join(lines)
 
 
-def _duration(seconds: float) -> str:
-  seconds = int(round(seconds))
-  h, rem = divmod(seconds, 3600)
-  m, s = divmod(rem, 60)
-  return f'{h}h{m:02d}m{s:02d}s' if h else f'{m}m{s:02d}s'
-
-
 def time_left(round_seconds, rounds_left: int) -> str:
   """At most how long the rounds left take, at the median round so far:
   a round paused (SIGSTOP while a test suite runs) or slowed by another
   job counts as one round, not as hours spread over all the rest (the
   mean's way). An upper bound in rounds only: early stopping may end the
   run sooner."""
-  return _duration(float(np.median(round_seconds)) * rounds_left)
+  return run_record.duration(float(np.median(round_seconds)) * rounds_left)
 
 
 @dataclasses.dataclass

@@ -18,6 +18,14 @@ RUN_FILE = 'run.json'  # What defines the run in a directory: see below.
 RESULTS_FILE = 'results.json'  # Written when a run has finished.
 
 
+def duration(seconds: float) -> str:
+  """'1h02m03s' or '2m03s': how progress lines give times left."""
+  seconds = int(round(seconds))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f'{h}h{m:02d}m{s:02d}s' if h else f'{m}m{s:02d}s'
+
+
 def write_text_atomically(path: str, text: str) -> None:
   """Writes `text` to a temporary file, syncs it, renames it over `path`
   and syncs the directory: a crash, or a machine that ends, never leaves a
