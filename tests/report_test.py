@@ -177,6 +177,22 @@ def test_reconstruction_grid_shows_its_first_rows_within_matplotlib_limit(
   assert (report.grid_rows(3), report.grid_note(3)) == (3, '')
   two, three = grid(2, 'two.png'), grid(3, 'three.png')
   assert three - two == 130  # 1.3 in at 100 dpi a row.
+  # Each tile where its row and column put it: a black true image, a red
+  # (RGB) reconstruction; the PNG holds the pixels returned (TensorBoard's).
+  black = np.zeros((2, 8, 8, 3), np.float32)
+  red = black.copy()
+  red[..., 0] = 1.0
+  pixels = report.reconstruction_grid(black, {'fedcg': red},
+                                      {'fedcg': [9.0, 8.0]},
+                                      str(tmp_path / 'tiles.png'))
+  with Image.open(tmp_path / 'tiles.png') as image:
+    np.testing.assert_array_equal(np.asarray(image.convert('RGB')), pixels)
+  assert pixels.shape == (290, 250, 3)  # 2 x 1.3 + 0.3 in, 2 x 1.25 in.
+  for row in (0, 1):
+    y = 30 + 130 * row + 5 + 47  # A tile's middle: 0.95 in from 0.05 in.
+    assert tuple(pixels[y, 62]) == (0, 0, 0)  # Column 'true'.
+    assert tuple(pixels[y, 125 + 62]) == (255, 0, 0)  # Column 'fedcg'.
+    assert tuple(pixels[y, 125]) == (255, 255, 255)  # Between the tiles.
   monkeypatch.setattr(report, 'GRID_MAX_ROWS', 2)
   assert grid(3, 'capped.png') == two
   assert report.grid_note(3) == (' (its first 2 of 3 images; TensorBoard '

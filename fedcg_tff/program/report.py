@@ -267,14 +267,16 @@ def gains_over_local(results: Sequence[RunResult], task: str
 def _save_figure(fig, path: str) -> np.ndarray:
   """Writes `fig` as a PNG to `path` (write then rename, so a reader never
   sees half a file), closes it and returns its RGB pixels (uint8 [h, w,
-  3], for TensorBoard)."""
+  3], for TensorBoard): the PNG holds those pixels, drawn once (savefig
+  would draw the figure again)."""
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  tmp = f'{path}.tmp.png'
-  fig.savefig(tmp, format='png')
-  os.replace(tmp, path)
+  from PIL import Image  # pylint: disable=g-import-not-at-top
   fig.canvas.draw()
   pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
   plt.close(fig)
+  tmp = f'{path}.tmp.png'
+  Image.fromarray(pixels).save(tmp, format='PNG')
+  os.replace(tmp, path)
   return pixels
 
 
@@ -495,30 +497,41 @@ def reconstruction_grid(true_images: np.ndarray,
                         psnrs: dict[str, Sequence[float]], path: str):
   """A grid of images in [0, 1] (NHWC): one row per attacked image (the
   first `grid_rows(len(true_images))`), the true image then each
-  algorithm's reconstruction with its PSNR. Writes a PNG to `path` (write
-  then rename); returns the figure's RGB pixels (uint8)."""
+  algorithm's reconstruction with its PSNR below it. Writes a PNG to
+  `path` (write then rename); returns the figure's RGB pixels (uint8).
+
+  One axes holds every tile, placed in inches (a cell of 1.25 x 1.3 in,
+  column titles in the top 0.3 in): a subplot per tile made an inversion
+  attack's 8 x 13 grid take about 5 s, most of it building axes."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
   columns = ['true'] + list(reconstructions)
   count = grid_rows(len(true_images))
-  fig, axes = plt.subplots(count, len(columns), squeeze=False,
-                           figsize=(1.25 * len(columns), 1.3 * count + 0.3),
-                           dpi=100)
-  for i in range(count):
-    for j, name in enumerate(columns):
+  width, height = 1.25 * len(columns), 1.3 * count + 0.3
+  fig = plt.figure(figsize=(width, height), dpi=100)
+  ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
+  ax.set_xlim(0.0, width)
+  ax.set_ylim(height, 0.0)  # Inches from the top.
+  ax.set_axis_off()
+  rows, cols = true_images.shape[1:3]
+  tile_w, tile_h = 0.95 * min(1.0, cols / rows), 0.95 * min(1.0, rows / cols)
+  for j, name in enumerate(columns):
+    centre = 1.25 * j + 0.625
+    ax.text(centre, 0.28, name, ha='center', va='bottom', fontsize=7)
+    for i in range(count):
       image = true_images[i] if name == 'true' else reconstructions[name][i]
-      ax = axes[i][j]
+      image = np.clip(image, 0.0, 1.0)
       if image.shape[-1] == 1:
-        ax.imshow(image[..., 0], cmap='gray', vmin=0.0, vmax=1.0)
-      else:
-        ax.imshow(np.clip(image, 0.0, 1.0))
-      ax.set_xticks([])
-      ax.set_yticks([])
-      if i == 0:
-        ax.set_title(name, fontsize=7)
+        image = np.repeat(image, 3, axis=-1)
+      top = 0.3 + 1.3 * i + 0.05
+      ax.imshow(image, interpolation='nearest',
+                extent=(centre - tile_w / 2, centre + tile_w / 2,
+                        top + tile_h, top))
       if name != 'true':
-        ax.set_xlabel(f'{psnrs[name][i]:.1f} dB', fontsize=7)
-  fig.tight_layout(pad=0.3)
+        ax.text(centre, top + tile_h + 0.04, f'{psnrs[name][i]:.1f} dB',
+                ha='center', va='top', fontsize=7)
+  ax.set_xlim(0.0, width)  # imshow resets the limits to its extent.
+  ax.set_ylim(height, 0.0)
   return _save_figure(fig, path)
