@@ -413,13 +413,8 @@ def dp_aggregation(clients_per_round: int) -> dict:
   if not FLAGS.dp_sigma:
     return {}
   from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
-  if FLAGS.algorithm == 'fedcg':
-    factory = dp.fedcg_mean_factory(FLAGS.dp_sigma, FLAGS.dp_clip,
-                                    _teacher_clip(), clients_per_round)
-  else:
-    factory = dp.mean_factory(FLAGS.dp_sigma, FLAGS.dp_clip,
-                              clients_per_round)
-  return {'aggregation_factory': factory, 'upload_updates': True}
+  return dp.aggregation(FLAGS.algorithm, FLAGS.dp_sigma, FLAGS.dp_clip,
+                        _teacher_clip(), clients_per_round)
 
 
 def dp_summary(rounds_run: int) -> dict:

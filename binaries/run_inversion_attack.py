@@ -199,10 +199,9 @@ def _process(algorithm: str, config, dp_flags: tuple, num_clients: int):
   if dp_flags:
     from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
     dp_flags = dict(dp_flags)
-    aggregation = {'upload_updates': True,
-                   'aggregation_factory': dp.fedcg_mean_factory(
-                       dp_flags['dp_sigma'], dp_flags['dp_clip'],
-                       dp_flags['dp_teacher_clip'], num_clients)}
+    aggregation = dp.aggregation(algorithm, dp_flags['dp_sigma'],
+                                 dp_flags['dp_clip'],
+                                 dp_flags['dp_teacher_clip'], num_clients)
   return catalog.build_process(algorithm, config, **aggregation)
 
 

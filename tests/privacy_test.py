@@ -450,9 +450,9 @@ def test_fedavg_with_dp_uploads_noised_updates():
        rng.integers(0, 10, 16).astype(np.int32))).batch(8)
           for _ in range(3)]
   sigma = 0.05
-  driver = catalog.build('fedavg', config, 3, upload_updates=True,
-                            aggregation_factory=dp.mean_factory(sigma, 1e6,
-                                                                3))
+  # As run_fedcg builds it: the DP mean and uploads of updates together.
+  driver = catalog.build('fedavg', config, 3,
+                         **dp.aggregation('fedavg', sigma, 1e6, 1e6, 3))
   before = driver.server_state.shared
   driver.run_round(0, data)
   flat = lambda groups: np.concatenate(
@@ -467,6 +467,17 @@ def test_fedavg_with_dp_uploads_noised_updates():
   assert abs(np.mean(residual)) < 1e-3
   with pytest.raises(ValueError, match='upload_updates'):
     catalog.build('fedgen', config, 3, upload_updates=True)
+  with pytest.raises(ValueError, match="DP training applies to .* not "
+                     "'fedgen'"):
+    dp.aggregation('fedgen', sigma, 1.0, 1.0, 3)
+  # Nor does the library let a DP or secure mean seem to protect the single
+  # models FedGen's and FedDF's servers gather (refused before any trace).
+  for algorithm in ('fedgen', 'feddf'):
+    with pytest.raises(ValueError, match='gathers every client'):
+      catalog.build_process(algorithm, config,
+                            aggregation_factory=dp.mean_factory(sigma, 1.0, 3),
+                            server_images=np.zeros((4, 32, 32, 1),
+                                                   np.float32))
 
 
 def test_names_match_the_registries():

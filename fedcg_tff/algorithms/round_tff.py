@@ -190,8 +190,16 @@ def build_round_process(
         them, so the clients' step and the server's step need not pass them.
 
   `aggregation_factory` (default `tff.aggregators.MeanFactory`) weighs the
-  uploads by the clients' weights: DP or secure aggregation plug in here.
+  uploads by the clients' weights: DP or secure aggregation plug in here,
+  for an algorithm whose server needs only that mean. With `collect` the
+  server also gathers every upload as it is, which no factory protects,
+  so another factory is refused rather than seeming to protect them.
   """
+  if collect and aggregation_factory is not None:
+    raise ValueError(
+        'aggregation_factory: this algorithm\'s server gathers every '
+        'client\'s upload as it is (FedDF\'s and FedGen\'s single models), '
+        'which a DP or secure aggregator of the mean would not protect')
   config = config.validate()
   seq = data_type(config)
   init_client = tff.tensorflow.computation(initial_client_state, np.int64)

@@ -156,6 +156,22 @@ def fedcg_mean_factory(sigma: float, clip: float, teacher_clip: float,
   return _uniform_mean(nested_query.NestedSumQuery(parts), num_clients)
 
 
+def aggregation(algorithm: str, sigma: float, clip: float,
+                teacher_clip: float, num_clients: int) -> dict:
+  """The `catalog.build_process` arguments of `algorithm` trained with DP:
+  its DP mean (DP-FedCG's three parts, else one record) and uploads of
+  updates, which that mean clips and noises (whole weights would be
+  clipped otherwise). `teacher_clip` is DP-FedCG's alone."""
+  from fedcg_tff.names import DP_ALGORITHMS  # pylint: disable=g-import-not-at-top
+  if algorithm not in DP_ALGORITHMS:
+    raise ValueError(f'DP training applies to {DP_ALGORITHMS}, not '
+                     f'{algorithm!r}')
+  factory = (fedcg_mean_factory(sigma, clip, teacher_clip, num_clients)
+             if algorithm == 'fedcg' else
+             mean_factory(sigma, clip, num_clients))
+  return {'aggregation_factory': factory, 'upload_updates': True}
+
+
 # A client's record changes by at most this many clips between neighbouring
 # datasets: zero-out (its record replaced by zeros: what removing a client
 # is when the mean divides by a fixed n) or replace (by any other record).
