@@ -71,17 +71,28 @@ def test_no_extractor_value_is_uploaded(process, init_clients):
       process.initialize(), states,
       [_client_data(16, 1), _client_data(16, 2)])
   uploads = [o.upload for o in outputs]
-  extractors = ([s.extractor for s in states] +
-                [o.state.extractor for o in outputs])
-  assert placement.shared_fraction(uploads, extractors) < 0.1
+  assert placement.shared_fractions(
+      uploads, _extractors(states, outputs)).max() < 0.1
   # The search does look through the upload (C_i is in it, all of it) ...
-  assert placement.shared_fraction(
-      uploads, [o.upload.classifier for o in outputs]) == 1.0
-  # ... and finds an extractor hidden as one vector of all its weights.
+  assert placement.shared_fractions(
+      uploads, [o.upload.classifier for o in outputs]).min() == 1.0
+  # ... finds an extractor hidden as one vector of all its weights ...
   hidden = [np.concatenate([np.ravel(w) for w in o.state.extractor])
             for o in outputs]
-  assert placement.shared_fraction(
-      hidden, [o.state.extractor for o in outputs]) == 1.0
+  assert placement.shared_fractions(
+      hidden, [o.state.extractor for o in outputs]).min() == 1.0
+  # ... and its first convolution alone (150 of its 2550 kernel values).
+  first = [*uploads, outputs[0].state.extractor[0].ravel()]
+  assert placement.shared_fractions(
+      first, _extractors(states, outputs)).max() == 1.0
+
+
+def _extractors(states, outputs):
+  """Each client's E_i before and after the round. (Not its update: after
+  a few Adam steps an update's values are near +-lr and shared by every
+  network's update, bit for bit, so a search for them finds them all.)"""
+  return ([s.extractor for s in states] +
+          [o.state.extractor for o in outputs])
 
 
 def test_leak_check_catches_a_leaky_computation(init_clients):
@@ -220,6 +231,14 @@ def test_dp_fedcg_without_noise_is_fedcg(process):
   for name in ('generator', 'classifier'):
     for a, b in zip(getattr(plain, name), getattr(private, name)):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  # What DP-FedCG's clients upload (updates of G and C) holds no value of
+  # E_i and, by the types of its crossings, nothing shaped as its kernels.
+  states = dp_process.initialize_clients([1, 2])
+  outputs = dp_process.parts.clients_step(dp_process.initialize(), states,
+                                          data)
+  assert placement.shared_fractions(
+      [o.upload for o in outputs], _extractors(states, outputs)).max() < 0.1
+  assert _leaks(dp_process.next) == []
 
 
 def test_dp_fedcg_noises_and_clips_each_part_of_each_upload(process,

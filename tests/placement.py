@@ -13,7 +13,7 @@ are too common to tell networks apart.
 
 A type can only show shapes: an extractor concatenated into one vector, or
 reshaped to another shape of the same size, has no kernel's shape. So the
-tests also look at values (`shared_fraction`): what a round's clients
+tests also look at values (`shared_fractions`): what a round's clients
 actually upload is searched for the extractors' kernel values, whatever
 shape carries them.
 """
@@ -114,20 +114,28 @@ def _float_values(structure) -> np.ndarray:
   return np.concatenate(arrays).view(np.uint32)
 
 
-def shared_fraction(uploads, extractors) -> float:
-  """The fraction of the extractors' kernel values (weights of rank >= 2:
-  random draws, so distinct) found anywhere in `uploads`, bit for bit: 1
-  when an extractor is uploaded, in any shape, flattened, concatenated or
-  permuted; near 0 when none is. Not exactly 0: other networks' values
-  equal some of the extractor's by chance (1.5% of LeNet's 2550 kernel
-  values turn up in a FedCG upload of about 900 000 values), so callers
-  compare against 0.1."""
-  kernels = [k for k in tf.nest.flatten(extractors) if np.ndim(k) >= 2]
-  wanted = np.unique(_float_values(kernels))
-  wanted = wanted[wanted != 0]  # +0.0: a weight's value never drawn.
-  if wanted.size == 0:
+def shared_fractions(uploads, extractors) -> np.ndarray:
+  """For each kernel of the extractors (each weight of rank >= 2: random
+  draws, so distinct values), the fraction of its values found anywhere in
+  `uploads`, bit for bit: 1 for a kernel uploaded in any shape, flattened,
+  concatenated or permuted; near 0 for one that is not. Not exactly 0:
+  other networks' values equal some of the extractor's by chance (about
+  1.5% of LeNet's kernel values turn up in a FedCG upload of about 900 000
+  values), so callers compare the largest with 0.1. Per kernel, so that one
+  small kernel uploaded (LeNet's first convolution: 150 of its 2550 kernel
+  values) is not lost among the others."""
+  found = _float_values(uploads)
+  fractions = []
+  for kernel in tf.nest.flatten(extractors):
+    if np.ndim(kernel) < 2:
+      continue
+    wanted = np.unique(_float_values(kernel))
+    wanted = wanted[wanted != 0]  # +0.0: a weight's value never drawn.
+    if wanted.size:
+      fractions.append(np.isin(wanted, found).mean())
+  if not fractions:
     raise ValueError('no extractor kernel values to look for')
-  return float(np.isin(wanted, _float_values(uploads)).mean())
+  return np.array(fractions)
 
 
 _MAPS = ('federated_map', 'federated_apply', 'federated_map_all_equal')
