@@ -204,6 +204,52 @@ def test_run_resumes_from_checkpoints(tmp_path):
   assert third.rounds == [] and again.rounds_run == 6
 
 
+@pytest.mark.parametrize('damage', ['a_value', 'the_header'])
+def test_damaged_metrics_csv_is_kept_aside_and_the_run_resumes(tmp_path,
+                                                               damage):
+  """A metrics.csv damaged between runs (a value that is no number; a
+  header without `round`) is moved with the TensorBoard logs into an
+  earlier_attempt_* directory, the resume says so and keeps the readable
+  rows (before, the first lost every row and then failed on TFF's CSV
+  key; the second failed on the value after removing the TensorBoard
+  logs)."""
+  val = [[0.1 * r, 0.2] for r in range(5)]
+  test = [[0.05 * r, 0.1] for r in range(5)]
+  checkpoints = checkpoint.Checkpoints(str(tmp_path / 'ckpt'))
+  round_loop.run(_ScriptedAlgorithm(val, test), lambda r: [r], [None, None],
+                 [None, None], max_rounds=3, patience=9,
+                 writer=run_files.MetricsWriter(str(tmp_path)),
+                 log=lambda _: None, checkpoints=checkpoints)
+  csv_path = tmp_path / 'metrics.csv'
+  original = csv_path.read_text()
+  lines = original.splitlines(keepends=True)
+  if damage == 'a_value':
+    lines[2] = lines[2].replace(',', ',0.8x1', 1)  # Round 2's row.
+  else:
+    lines[0] = lines[0].replace('round', 'rOund', 1)
+  damaged = ''.join(lines)
+  csv_path.write_text(damaged)
+  log = []
+  result = round_loop.run(
+      _ScriptedAlgorithm(val, test), lambda r: [r], [None, None],
+      [None, None], max_rounds=5, patience=9,
+      writer=run_files.MetricsWriter(str(tmp_path)), log=log.append,
+      checkpoints=checkpoints)
+  assert result.rounds_run == 5
+  aside, = glob.glob(str(tmp_path / 'earlier_attempt_*'))
+  assert any(f'had damaged lines: it and the TensorBoard logs were kept in '
+             f'{aside}' in line for line in log), log
+  with open(os.path.join(aside, 'metrics.csv')) as f:
+    assert f.read() == damaged  # Nothing lost.
+  assert event_logs.steps(os.path.join(aside, 'tensorboard')) == [1, 2, 3]
+  with open(csv_path) as f:
+    rounds = [int(r['round']) for r in csv.DictReader(f)]
+  lost = [2] if damage == 'a_value' else [1, 2, 3]
+  assert rounds == [r for r in range(1, 6) if r not in lost]
+  assert any(f'has no row for rounds {lost}' in line for line in log), log
+  assert event_logs.steps(tmp_path / 'tensorboard') == rounds
+
+
 def test_finished_run_is_recognised_and_a_foreign_run_json_named(tmp_path):
   definition = {'config': {'lr': 0.1}, 'run': {'rounds': 3}}
   run_record.prepare_output_dir(str(tmp_path), definition)

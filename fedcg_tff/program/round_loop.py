@@ -246,7 +246,10 @@ def run(algorithm: Algorithm,
   # (the record) leave out writing the metrics and the checkpoint.
   until_saved = []
   if writer is not None:
-    missing = writer.resume_after(rounds_run)
+    missing, damaged = writer.resume_after(rounds_run)
+    if damaged:
+      log(f'{writer.csv_path} had damaged lines: it and the TensorBoard logs '
+          f'were kept in {damaged}, and its readable rows kept')
     if missing:
       log(f'{writer.csv_path} has no row for rounds {missing} (lost before '
           'the interruption; the checkpoint kept their state): the '

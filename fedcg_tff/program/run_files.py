@@ -57,31 +57,47 @@ class MetricsWriter:
       os.replace(path, os.path.join(aside, os.path.basename(path)))
     return aside
 
-  def resume_after(self, rounds_done: int) -> list[int]:
-    """Keeps the metrics of rounds 1..`rounds_done` only, once each, and
-    returns those of them that have no row (a power loss can lose a row
-    the checkpoint after it kept: the CSV is appended without fsync).
+  def resume_after(self, rounds_done: int) -> tuple[list[int], str | None]:
+    """Keeps the metrics of rounds 1..`rounds_done` only and returns those
+    of them that have no row (a power loss can lose a row the checkpoint
+    after it kept: the CSV is appended without fsync), and where a damaged
+    CSV was kept (None if it was not damaged).
 
     The CSV is the record: its rows of later rounds (released before a crash
     that lost their state) are dropped by rewriting it to a temporary file
     that replaces it, so an interruption here loses nothing. TensorBoard's
     event files, which cannot be edited, are then rebuilt from those rows
-    (again on the next resume if this one is interrupted).
+    (again on the next resume if this one is interrupted). A CSV with
+    damaged lines (a header without `round`, a value that is no number, a
+    row of the wrong length) is first moved, with the TensorBoard logs, into
+    an `earlier_attempt_<time>` directory: only its readable rows are kept.
     """
     self._managers = None
     if not os.path.exists(self.csv_path):
       shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
-      return list(range(1, rounds_done + 1))
+      return list(range(1, rounds_done + 1)), None
     with open(self.csv_path, newline='') as f:
       kept = f.read()
     # A row cut short (a full disk, a crash while appending) has no line
-    # end, or too few fields: dropped, as its round is not saved either.
+    # end: dropped, as its round is not saved either.
     kept = kept[:kept.rfind('\n') + 1]
     reader = csv.DictReader(io.StringIO(kept, newline=''))
     fieldnames = reader.fieldnames or ['round']
-    rows = [r for r in reader
-            if None not in r and None not in r.values() and
-            r.get('round', '').isdigit() and int(r['round']) <= rounds_done]
+    damaged = 'round' not in fieldnames
+    rows = []
+    for row in ([] if damaged else reader):
+      if not _readable(row):
+        damaged = True
+      elif int(row['round']) <= rounds_done:
+        rows.append(row)
+    aside = None
+    if damaged:
+      aside = run_record.earlier_attempt_dir(os.path.dirname(self.csv_path))
+      for path in (self.csv_path, self.tensorboard_dir):
+        if os.path.exists(path):
+          os.replace(path, os.path.join(aside, os.path.basename(path)))
+      if 'round' not in fieldnames:
+        fieldnames = ['round']
     text = io.StringIO(newline='')
     writer = csv.DictWriter(text, fieldnames=fieldnames)
     writer.writeheader()
@@ -98,4 +114,18 @@ class MetricsWriter:
 
     asyncio.run(replay())
     return sorted(set(range(1, rounds_done + 1)) -
-                  {int(row['round']) for row in rows})
+                  {int(row['round']) for row in rows}), aside
+
+
+def _readable(row: dict) -> bool:
+  """Whether a metrics.csv row has every field, a round number and numbers
+  (or nothing: a metric that round did not have) everywhere else."""
+  if None in row or None in row.values() or not row['round'].isdigit():
+    return False
+  try:
+    for key, value in row.items():
+      if key != 'round' and value != '':
+        float(value)
+  except ValueError:
+    return False
+  return True
