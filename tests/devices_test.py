@@ -1,8 +1,12 @@
 """The host description every timing carries."""
 
+import contextlib
 import re
 
+from fedcg_tff.algorithms import catalog
+from fedcg_tff.algorithms import round_tff
 from fedcg_tff.execution import devices
+from tests import built
 
 _AMD_AVX2 = ('processor\t: 0\nmodel name\t: AMD EPYC\ncpu family\t: 25\n'
              'cpu MHz\t\t: 2000.000\nflags\t\t: fpu sse2 fma avx2\n\n'
@@ -88,3 +92,23 @@ def test_product_timing_that_fails_in_its_child_says_so():
     assert 'Error' in str(e)  # The child's own error, not an empty one.
   else:
     raise AssertionError('a product of size -1 was timed')
+
+
+def test_every_step_and_the_evaluation_trace_under_the_training_device(
+    monkeypatch):
+  """--device reaches every computation that trains or evaluates, of every
+  algorithm (`round_tff` places them in one place): Local's client step
+  and its server step (each traced once), then its evaluation. Before,
+  FedDF's and FedGen's server training and every evaluation ran outside
+  it."""
+  entered = []
+
+  def scope():
+    entered.append(len(entered))
+    return contextlib.nullcontext()
+
+  monkeypatch.setattr(round_tff.devices, 'scope', scope)
+  process = catalog.build_process('local', built.TINY)  # Not the cached one.
+  assert len(entered) == 2
+  assert process.evaluate is not None
+  assert len(entered) == 3

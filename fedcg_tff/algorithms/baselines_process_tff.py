@@ -35,7 +35,6 @@ import tensorflow_federated as tff
 from fedcg_tff.algorithms import baselines_tf
 from fedcg_tff.algorithms import round_tff
 from fedcg_tff.config import FedCGConfig
-from fedcg_tff.execution import devices
 
 ALGORITHMS = tuple(baselines_tf.BASELINES)
 # The baselines that only average, which can upload updates instead of
@@ -91,10 +90,9 @@ def build_baseline_process(
         config.image_size)
 
   def train(message, state, dataset):
-    with devices.scope():
-      return baselines_tf.client_update(
-          baselines_tf.PartyNetworks(config, baseline.client_networks),
-          baseline, message, state, dataset)
+    return baselines_tf.client_update(
+        baselines_tf.PartyNetworks(config, baseline.client_networks),
+        baseline, message, state, dataset)
 
   def update_server(state, aggregator_state, averaged, collected):
     values, weights = collected if collected is not None else (None, None)

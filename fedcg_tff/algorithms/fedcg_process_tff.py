@@ -30,7 +30,6 @@ import tensorflow_federated as tff
 from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.algorithms import round_tff
 from fedcg_tff.config import FedCGConfig
-from fedcg_tff.execution import devices
 
 
 def build_fedcg_process(
@@ -57,16 +56,14 @@ def build_fedcg_process(
   config = config.validate()
 
   def client_update(message, state, dataset):
-    with devices.scope():
-      return fedcg_tf.client_update(fedcg_tf.PartyNetworks(config), message,
-                                    state, dataset, timed, upload_updates)
+    return fedcg_tf.client_update(fedcg_tf.PartyNetworks(config), message,
+                                  state, dataset, timed, upload_updates)
 
   def server_update(state, aggregator_state, averaged, distill_inputs):
     noise, labels = distill_inputs
-    with devices.scope():
-      return fedcg_tf.server_update(
-          fedcg_tf.PartyNetworks(config, fedcg_tf.SERVER_NETWORKS), state,
-          aggregator_state, averaged, noise, labels, timed, upload_updates)
+    return fedcg_tf.server_update(
+        fedcg_tf.PartyNetworks(config, fedcg_tf.SERVER_NETWORKS), state,
+        aggregator_state, averaged, noise, labels, timed, upload_updates)
 
   return round_tff.build_round_process(
       config,

@@ -32,6 +32,7 @@ import tensorflow_federated as tff
 from fedcg_tff.algorithms import aggregators_tff
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.execution import devices
 
 
 @attrs.define(frozen=True)
@@ -84,10 +85,11 @@ def build_evaluation(config: FedCGConfig,
 
   @tff.tensorflow.computation(client_state_type, seq, seq)
   def evaluate_client(state, val_data, test_data):
-    return training_tf.evaluate_classifier(
-        training_tf.PartyNetworks(config, ('extractor', 'classifier')),
-        state.extractor, state.classifier,
-        val_data, test_data)
+    with devices.scope():
+      return training_tf.evaluate_classifier(
+          training_tf.PartyNetworks(config, ('extractor', 'classifier')),
+          state.extractor, state.classifier,
+          val_data, test_data)
 
   @tff.federated_computation(
       tff.FederatedType(client_state_type, tff.CLIENTS),
@@ -147,6 +149,18 @@ class RoundProcess(tff.templates.IterativeProcess):
     return build_evaluation(self._config, self.client_state_type)
 
 
+def _on_training_device(fn: Callable) -> Callable:
+  """`fn` traced under `devices.scope()` (--device): every algorithm's
+  client and server steps, placed in this one place."""
+
+  @functools.wraps(fn)  # TFF reads the parameters through __wrapped__.
+  def placed(*args, **kwargs):
+    with devices.scope():
+      return fn(*args, **kwargs)
+
+  return placed
+
+
 def build_round_process(
     config: FedCGConfig,
     *,
@@ -195,6 +209,8 @@ def build_round_process(
   server also gathers every upload as it is, which no factory protects,
   so another factory is refused rather than seeming to protect them.
   """
+  client_update = _on_training_device(client_update)
+  server_update = _on_training_device(server_update)
   if collect and aggregation_factory is not None:
     raise ValueError(
         'aggregation_factory: this algorithm\'s server gathers every '

@@ -1,6 +1,7 @@
 """Plain-TensorFlow training pieces shared by FedCG and every baseline.
 
-Nothing here knows about TFF. PartyNetworks travel as tuples of tensors
+Nothing here places or builds TFF computations (only its functional
+optimizers are used, below). PartyNetworks travel as tuples of tensors
 (`model_weights.values`); a function that trains assigns the incoming
 values to Keras models, trains them and reads the results back, all inside
 one `tf.function`, so automatic control dependencies order the assignments,
@@ -19,8 +20,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 import tensorflow as tf
-from tensorflow_federated.python.learning.optimizers import adam
-from tensorflow_federated.python.learning.optimizers import sgdm
+import tensorflow_federated as tff
 
 from fedcg_tff import graph_code
 from fedcg_tff.config import PRIVATE_NETWORKS, FedCGConfig
@@ -206,22 +206,22 @@ def classification_optimizer(config: FedCGConfig):
   """The client optimizer of E and C: Adam (published code) or plain SGD
   (what `tff.learning`'s FedAvg runs, used by the oracle tests)."""
   if config.client_optimizer == 'sgd':
-    return sgdm.build_sgdm(config.lr)
-  return adam.build_adam(config.lr, config.beta1, config.beta2,
-                         config.adam_epsilon)
+    return tff.learning.optimizers.build_sgdm(config.lr)
+  return tff.learning.optimizers.build_adam(config.lr, config.beta1,
+                                            config.beta2, config.adam_epsilon)
 
 
 @graph_code.plain
 def gan_optimizer(config: FedCGConfig):
-  return adam.build_adam(config.lr, config.gan_beta1, config.gan_beta2,
-                         config.adam_epsilon)
+  return tff.learning.optimizers.build_adam(
+      config.lr, config.gan_beta1, config.gan_beta2, config.adam_epsilon)
 
 
 @graph_code.plain
 def server_optimizer(config: FedCGConfig):
   """Adam of the server's training steps (distillation, FedGen's generator)."""
-  return adam.build_adam(config.lr, config.beta1, config.beta2,
-                         config.adam_epsilon)
+  return tff.learning.optimizers.build_adam(config.lr, config.beta1,
+                                            config.beta2, config.adam_epsilon)
 
 
 def initial_classification_state(config: FedCGConfig, nets) -> Any:
@@ -353,7 +353,7 @@ class FusedAdamSteps:
     return state
 
 
-_ADAM = type(adam.build_adam(learning_rate=0.001))
+_ADAM = type(tff.learning.optimizers.build_adam(learning_rate=0.001))
 
 
 @graph_code.plain

@@ -52,7 +52,6 @@ import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 # Not exported at the top level; NormalizedQuery needs a sum query.
 from tensorflow_privacy.privacy.dp_query import nested_query
-from tensorflow_federated.python.aggregators import factory_utils
 
 DEFAULT_DELTA = 1e-5
 # RDP orders for the accountant: dp-accounting's usual grid, extended to the
@@ -133,7 +132,7 @@ def _uniform_mean(sum_query, num_clients: int
   if num_clients < 1:
     raise ValueError(f'num_clients must be >= 1, got {num_clients}')
   query = tfp.NormalizedQuery(sum_query, denominator=float(num_clients))
-  return factory_utils.as_weighted_aggregator(
+  return tff.aggregators.as_weighted_aggregator(
       tff.aggregators.DifferentiallyPrivateFactory(query))
 
 
