@@ -573,6 +573,22 @@ def _exit_if_out_of_space(error, checkpoints, writing: str = '') -> None:
            f'{_saved(checkpoints)}, once there is space{need}.')
 
 
+def _exit_if_denied(error, checkpoints) -> None:
+  """Exits with what to do if `error` is this user being refused a file of
+  the run (checkpoints/, client_states/, metrics.csv made another user's or
+  read-only while it ran); a traceback would bury the path. Returns
+  otherwise."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if isinstance(error, PermissionError):
+    what = f'{error.filename}: {error.strerror}'
+  elif isinstance(error, tf.errors.PermissionDeniedError):
+    what = error.message
+  else:
+    return
+  sys.exit(f'Permission denied: {what}\nThe run stopped; '
+           f'{_saved(checkpoints)}, once this user may write there.')
+
+
 def _run(config, task, sampling, pool, resuming):
   """Trains (or resumes) the run in --output_dir, then writes and prints
   its results; `main` holds the directory's lock meanwhile."""
@@ -595,11 +611,15 @@ def _run(config, task, sampling, pool, resuming):
   print(f'{FLAGS.algorithm} with {config.model}; building computations...',
         flush=True)
   size = config.image_size
-  algorithm = catalog.build(FLAGS.algorithm, config, task.num_clients,
-                            server_images=task.server_inputs(size),
-                            sampling=sampling, workers=pool,
-                            **dp_aggregation(sampling.clients_per_round or
-                                             task.num_clients))
+  try:
+    algorithm = catalog.build(FLAGS.algorithm, config, task.num_clients,
+                              server_images=task.server_inputs(size),
+                              sampling=sampling, workers=pool,
+                              **dp_aggregation(sampling.clients_per_round or
+                                               task.num_clients))
+  except client_store.ForeignStates as e:
+    sys.exit(f'Cannot resume: {e} Start in a new --output_dir; nothing '
+             'was changed.')
   if pool is not None:
     print(f'clients of each round spread over {len(pool)} TFF workers',
           flush=True)
@@ -634,6 +654,7 @@ def _run(config, task, sampling, pool, resuming):
              f'once a worker serves there again (binaries/run_worker.py).')
   except Exception as e:  # pylint: disable=broad-except
     _exit_if_out_of_space(e, checkpoints)
+    _exit_if_denied(e, checkpoints)
     raise
 
   from fedcg_tff.execution import devices  # pylint: disable=g-import-not-at-top

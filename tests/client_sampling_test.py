@@ -289,7 +289,7 @@ def test_disk_store_keeps_three_versions_and_rolls_back(tmp_path):
     shutil.rmtree(path)
   assert os.listdir(tmp_path) == []
   store.save(1, [3], [_toy_state(13)])
-  with pytest.raises(ValueError, match='client 3.*2 clients'):
+  with pytest.raises(client_store.ForeignStates, match='client 3.*2 clients'):
     client_store.DiskClientStore(str(tmp_path), 2, initialize, _toy_state(0))
   # One version for each of the two kept checkpoints, one for the round in
   # flight; older ones are deleted.

@@ -795,3 +795,49 @@ def test_terminated_run_stops_promptly_and_resumes_to_the_same_result(
 
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
+
+
+def test_a_file_the_run_may_not_use_stops_it_naming_the_file(
+    tmp_path, data_dir, monkeypatch):
+  """A checkpoint, client-state or metrics file this user is refused while
+  the run goes on (made read-only or another user's) ends the run with the
+  path and what is saved, not a traceback; other errors pass through. (The
+  process build and the rounds are stubbed: the refusal is simulated, as
+  root may write anywhere.)"""
+  from fedcg_tff.algorithms import catalog  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import client_store  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.program import round_loop  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / 'out' / 'checkpoints' / 'round_3_temp1234')
+  errors = [PermissionError(13, 'Permission denied', path),
+            tf.errors.PermissionDeniedError(
+                None, None, f'{path}; Permission denied [Op:SaveV2]'),
+            ValueError(path)]
+
+  def refused(*args, **kwargs):
+    del args, kwargs
+    raise errors.pop(0)
+
+  monkeypatch.setattr(catalog, 'build', lambda *args, **kwargs: None)
+  monkeypatch.setattr(round_loop, 'run', refused)
+  saved = ('\nThe run stopped; no round was saved yet, and rerunning the '
+           'same command starts the run again, once this user may write '
+           'there.')
+  run = [f'--output_dir={tmp_path / "out"}', f'--data_dir={data_dir}',
+         *_TINY_RUN]
+  assert _main(run) == f'Permission denied: {path}: Permission denied{saved}'
+  assert _main(run) == (f'Permission denied: {path}; Permission denied '
+                        f'[Op:SaveV2]{saved}')
+  with pytest.raises(ValueError, match=path):
+    _main(run)
+  # A client_states/ of another run (client_sampling_test: the store's
+  # check) is said, not a traceback.
+  foreign = client_store.ForeignStates('client_states holds a state of '
+                                       'client 5, but the run has 2 clients')
+
+  def build(*args, **kwargs):
+    del args, kwargs
+    raise foreign
+
+  monkeypatch.setattr(catalog, 'build', build)
+  assert _main(run) == (f'Cannot resume: {foreign} Start in a new '
+                        '--output_dir; nothing was changed.')

@@ -37,6 +37,11 @@ from fedcg_tff.program import checkpoint
 from fedcg_tff.program import run_record
 
 
+class ForeignStates(ValueError):
+  """The client-state directory holds a state of a client the run does not
+  have: written by another run (the run stops before touching it)."""
+
+
 class MissingState(RuntimeError):
   """A client trained before the round a run resumes from has no stored
   state: resuming would silently give it its initial one. Not damage that
@@ -162,7 +167,7 @@ class DiskClientStore:
         continue
       client, version = int(match.group(1)), int(match.group(2))
       if client >= num_clients:
-        raise ValueError(
+        raise ForeignStates(
             f'{directory} holds a state of client {client}, but the run has '
             f'{num_clients} clients: was it written by another run?')
       self._versions.setdefault(client, []).append(version)
