@@ -618,8 +618,8 @@ def _run(config, task, sampling, pool, resuming):
                               **dp_aggregation(sampling.clients_per_round or
                                                task.num_clients))
   except client_store.ForeignStates as e:
-    sys.exit(f'Cannot resume: {e} Start in a new --output_dir; nothing '
-             'was changed.')
+    sys.exit(f'Cannot resume: {e} Start in a new --output_dir; no client '
+             'state was changed.')
   if pool is not None:
     print(f'clients of each round spread over {len(pool)} TFF workers',
           flush=True)

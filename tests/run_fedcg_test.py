@@ -840,4 +840,4 @@ def test_a_file_the_run_may_not_use_stops_it_naming_the_file(
 
   monkeypatch.setattr(catalog, 'build', build)
   assert _main(run) == (f'Cannot resume: {foreign} Start in a new '
-                        '--output_dir; nothing was changed.')
+                        '--output_dir; no client state was changed.')
