@@ -537,6 +537,7 @@ def _corrupt(path):
 
 
 @pytest.mark.parametrize('damaged', ['checkpoint', 'client_file',
+                                     'client_file_set_aside',
                                      'older_client_file',
                                      'checkpoint_after_a_crash'])
 def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
@@ -549,9 +550,13 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
   save (rounds 2 and 3): the run starts over. With every client's state
   on disk and a crash in round 4 after its client files were written, the
   fallback from round 3 to round 2 needs every client's round-2 file,
-  which round 4's files must not have pushed out."""
+  which round 4's files must not have pushed out. A client file a resume
+  set aside as damaged before a crash stopped it (the checkpoint still in
+  place) is found so: the next resume falls back too, rather than give
+  that client its older state."""
   num_clients = 6
-  per_round = {'client_file': 3, 'older_client_file': 3}.get(damaged)
+  per_round = {'client_file': 3, 'client_file_set_aside': 3,
+               'older_client_file': 3}.get(damaged)
   on_disk = damaged != 'checkpoint'
   val, test = _eval_data(num_clients)
   train = lambda r: _train_data(r, num_clients=num_clients)
@@ -577,10 +582,13 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
   if damaged.startswith('checkpoint'):
     bad = tmp_path / 'broken' / 'ckpt' / 'round_3'
     _corrupt(bad / 'variables' / 'variables.data-00000-of-00001')
-  elif damaged == 'client_file':
+  elif damaged.startswith('client_file'):
     client = broken.sample_clients(2)[0]
     bad = tmp_path / 'broken' / 'states' / f'client_{client:05d}.r000003.npz'
-    _corrupt(bad)
+    if damaged == 'client_file':
+      _corrupt(bad)
+    else:  # As a resume's check sets it aside; then the crash.
+      os.replace(bad, bad.parent / f'damaged_{bad.name}')
   else:
     newest = {}
     for path in sorted((tmp_path / 'broken' / 'states').glob('*.npz')):
@@ -649,9 +657,9 @@ def test_resume_stops_when_a_trained_client_has_no_state(process, tmp_path):
   shutil.copy(other, tmp_path / 'states' / f'client_{client:05d}.r000004.npz')
   files = sorted((tmp_path / 'states').glob('client_*.npz'))
   with pytest.raises(client_store.MissingState,
-                     match=rf'client {client} was trained in round '
-                           rf'{first[client]}, but .*states holds no state '
-                           r'of it for the checkpoint of round 3'):
+                     match=rf'client {client} was trained in rounds '
+                           rf'{first[client]} to \d, but .*states holds no '
+                           r'state of it for the checkpoint of round 3'):
     run(4)
   assert ckpt.kept_rounds() == [2, 3]
   assert sorted((tmp_path / 'states').glob('client_*.npz')) == files

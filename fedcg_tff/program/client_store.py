@@ -271,18 +271,38 @@ class DiskClientStore:
           f'aside as {aside}) is damaged: {checkpoint.describe_error(error)}',
           rounds_done=version) from error
 
-  def require(self, trained: dict[int, int], rounds_done: int) -> None:
-    """Raises `MissingState` naming the first client of `trained` (client
-    -> the first round it was trained in) that has no stored state of
-    `rounds_done` completed rounds or earlier. Deletes nothing: call it
-    before `discard_after`."""
-    for client, first in sorted(trained.items()):
-      if not any(v <= rounds_done for v in self._versions.get(client, [])):
-        raise MissingState(
-            f'client {client} was trained in round {first}, but '
-            f'{self.directory} holds no state of it for the checkpoint of '
-            f'round {rounds_done} (files deleted or moved?); resuming would '
-            'give it its initial state')
+  def require(self, trained: dict[int, tuple[int, int]],
+              rounds_done: int) -> None:
+    """Checks that every client of `trained` (client -> the first and the
+    last round, 1-based, it was trained in among the first `rounds_done`)
+    has its state of that last round stored. Deletes nothing: call it
+    before `discard_after`.
+
+    Raises `checkpoint.DamagedState` (for round `last`: the resume falls
+    back to a save before it) if that file was set aside as damaged, by a
+    resume that a crash stopped before it set the checkpoint aside too;
+    else `MissingState` naming the client (its files deleted or moved):
+    resuming would silently give it an older or its initial state."""
+    for client, (first, last) in sorted(trained.items()):
+      stored = [v for v in self._versions.get(client, []) if v <= rounds_done]
+      if last in stored:
+        continue
+      path = self.path(client, last)
+      parent, name = os.path.split(path)
+      aside = sorted(n for n in os.listdir(parent)
+                     if n.startswith(f'damaged_{name}'))
+      if aside:
+        raise checkpoint.DamagedState(
+            f'client {client}\'s state after round {last} ({path}) was set '
+            f'aside as damaged ({os.path.join(parent, aside[-1])})',
+            rounds_done=last)
+      has = (f'only its state of round {stored[-1]}' if stored else
+             'no state of it')
+      raise MissingState(
+          f'client {client} was trained in rounds {first} to {last}, but '
+          f'{self.directory} holds {has} for the checkpoint of round '
+          f'{rounds_done} (files deleted or moved?); resuming would give it '
+          f'{"an older" if stored else "its initial"} state')
 
   def set_aside_all(self) -> str | None:
     """Moves every stored state into a new `earlier_attempt_<time>`

@@ -201,16 +201,15 @@ class Driver:
     else:
       self._store.restore_all(list(client_states))
 
-  def _trained_before(self, rounds_done: int) -> dict[int, int]:
+  def _trained_before(self, rounds_done: int) -> dict[int, tuple[int, int]]:
     """Each client trained in the first `rounds_done` rounds -> the first
-    (1-based) round it was, from the sampling's pure function."""
-    first = {}
+    and the last (1-based) round it was, from the sampling's pure
+    function."""
+    rounds = {}
     for round_num in range(rounds_done):
-      if len(first) == self.num_clients:
-        break
       for i in self.sample_clients(round_num):
-        first.setdefault(i, round_num + 1)
-    return first
+        rounds[i] = (rounds.get(i, (round_num + 1,))[0], round_num + 1)
+    return rounds
 
   def evaluate(self, val_data: list, test_data: list):
     """Every client's validation and test accuracy of its E_i then C_i.
