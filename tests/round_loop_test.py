@@ -164,6 +164,8 @@ def test_run_resumes_from_checkpoints(tmp_path):
   run_files.MetricsWriter(str(tmp_path)).write(4, {'mean/val_accuracy': 9.0})
   with open(tmp_path / 'metrics.csv', 'a') as f:
     f.write('1')  # Round 12's row, cut short by a full disk.
+  # A rewrite of the CSV by TFF's manager that a crash cut short.
+  (tmp_path / 'metrics.csv_temp4321').write_text('round,mean/val')
   lines = []
   second = _ScriptedAlgorithm(val, test)
   result = round_loop.run(second, lambda r: [r], [None, None], [None, None],
@@ -171,6 +173,7 @@ def test_run_resumes_from_checkpoints(tmp_path):
                           writer=run_files.MetricsWriter(str(tmp_path)),
                           log=lines.append, checkpoints=checkpoints)
   assert lines[0].startswith('resuming after round 3')
+  assert not (tmp_path / 'metrics.csv_temp4321').exists()
   assert [r for r, _ in second.rounds] == [3, 4, 5]  # None lost or repeated.
   assert int(second.restored[0]['round']) == 2
   np.testing.assert_array_equal(second.restored[1][0]['weights'], [2.0] * 3)

@@ -5,6 +5,7 @@ TensorFlow."""
 
 import asyncio
 import csv
+import glob
 import io
 import os
 import shutil
@@ -73,6 +74,11 @@ class MetricsWriter:
     an `earlier_attempt_<time>` directory: only its readable rows are kept.
     """
     self._managers = None
+    # TFF's CSV manager rewrites the whole file (when a round brings a new
+    # column) into <file>_temp<4 digits> and renames it: one a crash left
+    # was never renamed, and the file it would have replaced is whole.
+    for leftover in glob.glob(glob.escape(self.csv_path) + '_temp[0-9]*'):
+      os.remove(leftover)
     if not os.path.exists(self.csv_path):
       shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
       return list(range(1, rounds_done + 1)), None
