@@ -15,8 +15,8 @@ bookkeeping but no client state): a crash after some client files of round r
 were written but before the round-r checkpoint was saved must resume from
 round r - 1 exactly. So files are versioned by the number of completed
 rounds they belong to (`client_00042.r000007.npz`: client 42's state after
-round 7), and `discard_after(k)` moves every file newer than k completed
-rounds aside (into `earlier_attempt_<time>/`), exposing the older one. Each client keeps its newest
+round 7), and `discard_after(k)` deletes every file newer than k completed
+rounds, exposing the older one. Each client keeps its newest
 `checkpoint.KEPT_SAVES + 1` files: every kept checkpoint may be the one a
 resume falls back on (the newest damaged), and one round, the one in
 flight, may be uncommitted. With one file fewer, a client trained in rounds
@@ -108,7 +108,6 @@ class MemoryClientStore:
 
   def discard_after(self, rounds_done: int) -> None:
     del rounds_done  # `restore_all` replaces the states instead.
-    return None
 
   def all_states(self) -> list[Any]:
     return list(self._states)
@@ -320,19 +319,9 @@ class DiskClientStore:
     run_record.sync_directory(self.directory)
     return aside
 
-  def discard_after(self, rounds_done: int) -> str | None:
-    """Moves every state newer than `rounds_done` completed rounds out of
-    the store, into a new `earlier_attempt_<time>` directory beside them,
-    and returns its path (None: there was none). They belong to a round
-    whose checkpoint was never saved, or was set aside as damaged (then
-    they go with it, if it is restored by hand): kept, not deleted."""
-    newer = [(i, versions.pop()) for i, versions in self._versions.items()
-             for _ in range(sum(v > rounds_done for v in versions))]
-    if not newer:
-      return None
-    aside = run_record.earlier_attempt_dir(self.directory)
-    for i, version in newer:
-      path = self.path(i, version)
-      os.replace(path, os.path.join(aside, os.path.basename(path)))
-    run_record.sync_directory(self.directory)
-    return aside
+  def discard_after(self, rounds_done: int) -> None:
+    """Deletes every state newer than `rounds_done` completed rounds: those
+    of a round whose checkpoint was never saved."""
+    for i, versions in self._versions.items():
+      while versions and versions[-1] > rounds_done:
+        os.remove(self.path(i, versions.pop()))
