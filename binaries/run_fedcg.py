@@ -574,19 +574,20 @@ def _exit_if_out_of_space(error, checkpoints, writing: str = '') -> None:
 
 
 def _exit_if_denied(error, checkpoints) -> None:
-  """Exits with what to do if `error` is this user being refused a file of
-  the run (checkpoints/, client_states/, metrics.csv made another user's or
-  read-only while it ran); a traceback would bury the path. Returns
-  otherwise."""
+  """Exits with what to do if `error` is this user being refused a file
+  (the run's checkpoints/, client_states/ or metrics.csv made another
+  user's or read-only while it ran, or data it reads); a traceback would
+  bury the path. Returns otherwise."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if isinstance(error, PermissionError):
-    what = f'{error.filename}: {error.strerror}'
+    what = str(error)  # Both paths of a rename.
   elif isinstance(error, tf.errors.PermissionDeniedError):
     what = error.message
   else:
     return
   sys.exit(f'Permission denied: {what}\nThe run stopped; '
-           f'{_saved(checkpoints)}, once this user may write there.')
+           f'{_saved(checkpoints)}, once this user may read and write that '
+           'path.')
 
 
 def _run(config, task, sampling, pool, resuming):

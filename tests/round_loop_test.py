@@ -207,7 +207,8 @@ def test_run_resumes_from_checkpoints(tmp_path):
   assert third.rounds == [] and again.rounds_run == 6
 
 
-@pytest.mark.parametrize('damage', ['a_value', 'the_header'])
+@pytest.mark.parametrize('damage', ['a_value', 'the_header', 'bytes',
+                                    'a_huge_field'])
 def test_damaged_metrics_csv_is_kept_aside_and_the_run_resumes(tmp_path,
                                                                damage):
   """A metrics.csv damaged between runs (a value that is no number; a
@@ -228,10 +229,15 @@ def test_damaged_metrics_csv_is_kept_aside_and_the_run_resumes(tmp_path,
   lines = original.splitlines(keepends=True)
   if damage == 'a_value':
     lines[2] = lines[2].replace(',', ',0.8x1', 1)  # Round 2's row.
-  else:
+  elif damage == 'the_header':
     lines[0] = lines[0].replace('round', 'rOund', 1)
-  damaged = ''.join(lines)
-  csv_path.write_text(damaged)
+  elif damage == 'a_huge_field':  # Past the csv module's field limit.
+    lines[2] = lines[2].replace(',', ',"' + '9' * 200_000 + '"', 1)
+  damaged = ''.join(lines).encode()
+  if damage == 'bytes':  # No UTF-8: a bad disk's bytes in round 2's row.
+    start = len(''.join(lines[:2]).encode()) + 3
+    damaged = damaged[:start] + b'\xff\xfe' + damaged[start + 2:]
+  csv_path.write_bytes(damaged)
   log = []
   result = round_loop.run(
       _ScriptedAlgorithm(val, test), lambda r: [r], [None, None],
@@ -242,12 +248,13 @@ def test_damaged_metrics_csv_is_kept_aside_and_the_run_resumes(tmp_path,
   aside, = glob.glob(str(tmp_path / 'earlier_attempt_*'))
   assert any(f'had damaged lines: it and the TensorBoard logs were kept in '
              f'{aside}' in line for line in log), log
-  with open(os.path.join(aside, 'metrics.csv')) as f:
+  with open(os.path.join(aside, 'metrics.csv'), 'rb') as f:
     assert f.read() == damaged  # Nothing lost.
   assert event_logs.steps(os.path.join(aside, 'tensorboard')) == [1, 2, 3]
   with open(csv_path) as f:
     rounds = [int(r['round']) for r in csv.DictReader(f)]
-  lost = [2] if damage == 'a_value' else [1, 2, 3]
+  # A huge field stops the csv module's reading: the rows after it too.
+  lost = {'the_header': [1, 2, 3], 'a_huge_field': [2, 3]}.get(damage, [2])
   assert rounds == [r for r in range(1, 6) if r not in lost]
   assert any(f'has no row for rounds {lost}' in line for line in log), log
   assert event_logs.steps(tmp_path / 'tensorboard') == rounds

@@ -793,9 +793,6 @@ def test_terminated_run_stops_promptly_and_resumes_to_the_same_result(
   # refused_before_tensorflow.
 
 
-if __name__ == '__main__':
-  raise SystemExit(pytest.main([__file__]))
-
 
 def test_a_file_the_run_may_not_use_stops_it_naming_the_file(
     tmp_path, data_dir, monkeypatch):
@@ -820,11 +817,12 @@ def test_a_file_the_run_may_not_use_stops_it_naming_the_file(
   monkeypatch.setattr(catalog, 'build', lambda *args, **kwargs: None)
   monkeypatch.setattr(round_loop, 'run', refused)
   saved = ('\nThe run stopped; no round was saved yet, and rerunning the '
-           'same command starts the run again, once this user may write '
-           'there.')
+           'same command starts the run again, once this user may read and '
+           'write that path.')
   run = [f'--output_dir={tmp_path / "out"}', f'--data_dir={data_dir}',
          *_TINY_RUN]
-  assert _main(run) == f'Permission denied: {path}: Permission denied{saved}'
+  assert _main(run) == (f"Permission denied: [Errno 13] Permission denied: "
+                        f"'{path}'{saved}")
   assert _main(run) == (f'Permission denied: {path}; Permission denied '
                         f'[Op:SaveV2]{saved}')
   with pytest.raises(ValueError, match=path):
@@ -841,3 +839,7 @@ def test_a_file_the_run_may_not_use_stops_it_naming_the_file(
   monkeypatch.setattr(catalog, 'build', build)
   assert _main(run) == (f'Cannot resume: {foreign} Start in a new '
                         '--output_dir; no client state was changed.')
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))

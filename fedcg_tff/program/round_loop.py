@@ -249,7 +249,7 @@ def run(algorithm: Algorithm,
     missing, damaged = writer.resume_after(rounds_run)
     if damaged:
       log(f'{writer.csv_path} had damaged lines: it and the TensorBoard logs '
-          f'were kept in {damaged}, and its readable rows kept')
+          f'were kept in {damaged}; the run goes on with its readable rows')
     if missing:
       log(f'{writer.csv_path} has no row for rounds {missing} (lost before '
           'the interruption; the checkpoint kept their state): the '

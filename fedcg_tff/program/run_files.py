@@ -82,20 +82,26 @@ class MetricsWriter:
     if not os.path.exists(self.csv_path):
       shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
       return list(range(1, rounds_done + 1)), None
-    with open(self.csv_path, newline='') as f:
+    # Bytes that are no UTF-8 (a bad disk) become U+FFFD: their rows then
+    # hold no number, and are damaged rows like any other.
+    with open(self.csv_path, newline='', errors='replace') as f:
       kept = f.read()
     # A row cut short (a full disk, a crash while appending) has no line
     # end: dropped, as its round is not saved either.
     kept = kept[:kept.rfind('\n') + 1]
     reader = csv.DictReader(io.StringIO(kept, newline=''))
-    fieldnames = reader.fieldnames or ['round']
-    damaged = 'round' not in fieldnames
     rows = []
-    for row in ([] if damaged else reader):
-      if not _readable(row):
-        damaged = True
-      elif int(row['round']) <= rounds_done:
-        rows.append(row)
+    try:
+      fieldnames = reader.fieldnames or ['round']
+      damaged = 'round' not in fieldnames
+      for row in ([] if damaged else reader):
+        if not _readable(row):
+          damaged = True
+        elif int(row['round']) <= rounds_done:
+          rows.append(row)
+    except csv.Error:  # E.g. a field past the csv module's size limit.
+      fieldnames = reader.fieldnames or ['round']
+      damaged = True
     aside = None
     if damaged:
       aside = run_record.earlier_attempt_dir(os.path.dirname(self.csv_path))
