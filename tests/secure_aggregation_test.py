@@ -13,6 +13,7 @@ from fedcg_tff.config import FedCGConfig
 from fedcg_tff.privacy import secure_aggregation
 from tests import built
 from tests.placement import crossings
+from tests.placement import leaks
 
 SECURE = 'federated_secure_sum_bitwidth'
 # Intrinsics that would hand the server an upload, or a sum of them, in
@@ -116,6 +117,9 @@ def test_secure_fedcg_sums_every_upload_securely():
       aggregation_factory=secure_aggregation.mean_factory())
   uris = _uris(secure.next)
   assert SECURE in uris and not uris & PLAIN_SUMS, uris
+  # The secure sum's own crossings (its bounds, its quantised uploads)
+  # carry nothing shaped as an extractor kernel either.
+  assert leaks(secure.next) == []
   outputs = plain.parts.clients_step(
       plain.initialize(), plain.initialize_clients([1, 2]),
       [_client_data(s) for s in (1, 2)])
