@@ -75,10 +75,13 @@ import math
 import time
 from typing import Optional, Sequence
 
+import attrs
 import numpy as np
 import scipy.optimize
 import tensorflow as tf
 
+from fedcg_tff.algorithms import baselines_tf
+from fedcg_tff.algorithms import fedcg_tf
 from fedcg_tff.algorithms import training_tf
 from fedcg_tff.config import FedCGConfig
 from fedcg_tff.models import families
@@ -171,18 +174,27 @@ def threat_model(name: str, dp_sigma: float = 0.0,
     dp.check_parameters(dp_sigma, dp_clip)
     if dp_sigma == 0:
       raise ValueError('dp_sigma must be > 0 for fedavg_dp')
-    return ThreatModel(f'fedavg_dp{dp_sigma:g}', 'fedavg', _EC, _EC,
+    return ThreatModel(f'fedavg_dp{dp_sigma:g}', 'fedavg', _EC,
+                       _uploaded('fedavg'),
                        dp_sigma, dp_clip,
                        _STATEMENTS[name].format(clip=dp_clip, sigma=dp_sigma))
   if name in ('fedavg', 'fedprox'):
-    return ThreatModel(name, name, _EC, _EC, statement=_STATEMENTS[name])
+    return ThreatModel(name, name, _EC, _uploaded(name),
+                       statement=_STATEMENTS[name])
   algorithm, client_init = name, 'shared'
   if name.endswith(PRIVATE_INIT_SUFFIX):
     algorithm, client_init = name[:-len(PRIVATE_INIT_SUFFIX)], 'private'
-  holds = (('classifier',) if algorithm == 'fedsplit' else
-           ('generator', 'classifier'))
-  return ThreatModel(name, algorithm, ('classifier',), holds,
+  return ThreatModel(name, algorithm, ('classifier',), _uploaded(algorithm),
                      statement=_STATEMENTS[name], client_init=client_init)
+
+
+def _uploaded(algorithm: str) -> tuple[str, ...]:
+  """The networks `algorithm`'s clients upload, from the algorithm's own
+  definition (FedCG's teacher logits are computed from G and C)."""
+  if algorithm in baselines_tf.BASELINES:
+    return baselines_tf.BASELINES[algorithm].shared
+  return tuple(f.name for f in attrs.fields(fedcg_tf.ClientUpload)
+               if f.name != 'teacher_logits')
 
 
 # ---------------------------------------------------------------------------
