@@ -76,12 +76,17 @@ def _keras_model_fn():
           from_logits=True), input_spec=spec)
 
 
-def _ours_and_oracle(algorithm, mu=0.0):
+def _ours_and_oracle(algorithm, mu=0.0, traced_anew=False):
   """Global E+C weights after two rounds: ours, then tff.learning's, from
-  the same initial weights, data, client SGD (lr 0.1) and server SGD (1.0)."""
+  the same initial weights, data, client SGD (lr 0.1) and server SGD (1.0).
+  `traced_anew`: our process is traced again, not taken from
+  `catalog.build_process`'s (for a test that patches code it traces)."""
   config = dataclasses.replace(TINY, client_optimizer='sgd', lr=0.1,
                                weight_decay=0.0, prox_mu=mu)
-  ours = catalog.build(algorithm, config, len(SIZES))
+  ours = (driver.Driver(config, len(SIZES),
+                        baselines_process_tff.build_baseline_process(
+                            config, algorithm))
+          if traced_anew else catalog.build(algorithm, config, len(SIZES)))
   initial = ours.server_state.shared
   sgd = tff.learning.optimizers.build_sgdm
   if algorithm == 'fedavg':
@@ -143,7 +148,7 @@ def test_fedprox_matches_tff_learning_up_to_its_proximal_sign(monkeypatch):
   term = baselines_tf.proximal_term
   monkeypatch.setattr(baselines_tf, 'proximal_term',
                       lambda v, r: -term(v, r))
-  flipped, oracle = _ours_and_oracle('fedprox', mu)
+  flipped, oracle = _ours_and_oracle('fedprox', mu, traced_anew=True)
   _assert_all_close(flipped, oracle, atol=1e-5)
 
 
@@ -609,6 +614,18 @@ def test_unknown_algorithm_and_missing_server_data():
     catalog.build('fedsgd', TINY, 2)
   with pytest.raises(ValueError, match='feddf needs server_images'):
     catalog.build('feddf', TINY, 2)
+
+
+def test_a_plain_process_is_built_once_per_config():
+  """An equal config gives the process already built (a process holds no
+  state); another config, or an aggregator of the caller's, a new one."""
+  local = catalog.build_process('local', TINY)
+  assert catalog.build_process('local', dataclasses.replace(TINY)) is local
+  assert catalog.build_process(
+      'local', dataclasses.replace(TINY, seed=TINY.seed + 1)) is not local
+  with_factory = catalog.build_process(
+      'fedavg', TINY, aggregation_factory=tff.aggregators.MeanFactory())
+  assert with_factory is not catalog.build_process('fedavg', TINY)
 
 
 

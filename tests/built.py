@@ -1,15 +1,13 @@
-"""Processes built once per test process and shared by the tests that need
-the same one.
+"""The tests' tiny config, and drivers on the processes built for it.
 
 Tracing a process is most of what a test of it costs (FedCG's tiny process:
 about 14 s on this machine kind), and several modules build the same
-algorithm with an equal config. A process holds computations only, no
-state, so sharing one changes no result: each test makes its own driver
-and states. Processes built with extra arguments (aggregators, server data)
-are not cached.
+algorithm with an equal config: `catalog.build_process` builds a process
+without an aggregator or data of its own once per interpreter (one pytest
+worker), which sharing changes no result: a process holds computations
+only, no state, and each test makes its own driver and states. Processes
+built with extra arguments (aggregators, server data) are not shared.
 """
-
-import functools
 
 from fedcg_tff.algorithms import catalog
 from fedcg_tff.config import FedCGConfig
@@ -22,9 +20,9 @@ TINY = FedCGConfig(batch_size=8, local_epochs=1, gan_epochs=1,
                    server_epochs=1, server_steps_per_epoch=3)
 
 
-@functools.cache
 def process(algorithm: str, config: FedCGConfig):
-  """`catalog.build_process(algorithm, config)`, built once."""
+  """`catalog.build_process(algorithm, config)`: built once per
+  interpreter."""
   return catalog.build_process(algorithm, config)
 
 

@@ -3,7 +3,7 @@
 import contextlib
 import re
 
-from fedcg_tff.algorithms import catalog
+from fedcg_tff.algorithms import baselines_process_tff
 from fedcg_tff.algorithms import round_tff
 from fedcg_tff.execution import devices
 from tests import built
@@ -108,7 +108,9 @@ def test_every_step_and_the_evaluation_trace_under_the_training_device(
     return contextlib.nullcontext()
 
   monkeypatch.setattr(round_tff.devices, 'scope', scope)
-  process = catalog.build_process('local', built.TINY)  # Not the cached one.
+  # Built anew (catalog.build_process would give the one this test process
+  # may have built already, without tracing).
+  process = baselines_process_tff.build_baseline_process(built.TINY, 'local')
   assert len(entered) == 2
   assert process.evaluate is not None
   assert len(entered) == 3

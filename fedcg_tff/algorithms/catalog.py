@@ -1,5 +1,6 @@
 """Every algorithm of the paper's Table 1 by name: one place to build them."""
 
+import functools
 from typing import Optional
 
 import numpy as np
@@ -37,11 +38,34 @@ def build_process(algorithm: str, config: FedCGConfig,
   if algorithm not in ALGORITHMS:
     raise ValueError(f'algorithm must be one of {ALGORITHMS}, '
                      f'got {algorithm!r}')
+  if timed and algorithm != 'fedcg':
+    raise ValueError(f'timed applies to fedcg, not {algorithm!r}')
+  if (aggregation_factory is None and server_images is None and
+      server_images_dir is None):
+    return _plain_process(algorithm, config.validate(), upload_updates,
+                          timed)
+  return _build(algorithm, config, aggregation_factory, server_images,
+                server_images_dir, upload_updates, timed)
+
+
+@functools.cache
+def _plain_process(algorithm: str, config: FedCGConfig, upload_updates: bool,
+                   timed: bool) -> round_tff.RoundProcess:
+  """A process without an aggregator or data of its own, built once per
+  interpreter for an equal config: it holds computations and no state (each
+  driver keeps its own), and tracing one is most of what starting a run
+  costs (a tiny FedCG process: 10-15 s on the slowest host). A script or
+  test that runs several runs of one config in one interpreter traces it
+  once; code that patches what a process traces must build it anew
+  (`fedcg_process_tff`, `baselines_process_tff`)."""
+  return _build(algorithm, config, None, None, None, upload_updates, timed)
+
+
+def _build(algorithm, config, aggregation_factory, server_images,
+           server_images_dir, upload_updates, timed) -> round_tff.RoundProcess:
   if algorithm == 'fedcg':
     return fedcg_process_tff.build_fedcg_process(config, aggregation_factory,
                                                  timed, upload_updates)
-  if timed:
-    raise ValueError(f'timed applies to fedcg, not {algorithm!r}')
   return baselines_process_tff.build_baseline_process(
       config, algorithm, aggregation_factory, server_images=server_images,
       server_images_dir=server_images_dir, upload_updates=upload_updates)
