@@ -12,6 +12,7 @@ from fedcg_tff.algorithms import baselines_process_tff
 from fedcg_tff.algorithms import baselines_tf
 from fedcg_tff.algorithms import catalog
 from fedcg_tff.algorithms import training_tf
+from fedcg_tff.execution import devices
 from fedcg_tff.models import lenet
 from fedcg_tff.models import model_weights
 from fedcg_tff.program import driver
@@ -616,13 +617,17 @@ def test_unknown_algorithm_and_missing_server_data():
     catalog.build('feddf', TINY, 2)
 
 
-def test_a_plain_process_is_built_once_per_config():
+def test_a_plain_process_is_built_once_per_config(monkeypatch):
   """An equal config gives the process already built (a process holds no
-  state); another config, or an aggregator of the caller's, a new one."""
+  state); another config or training device, or an aggregator of the
+  caller's, a new one."""
   local = catalog.build_process('local', TINY)
   assert catalog.build_process('local', dataclasses.replace(TINY)) is local
   assert catalog.build_process(
       'local', dataclasses.replace(TINY, seed=TINY.seed + 1)) is not local
+  with monkeypatch.context() as patch:
+    patch.setattr(devices, '_training_device', '/device:CPU:0')
+    assert catalog.build_process('local', TINY) is not local
   with_factory = catalog.build_process(
       'fedavg', TINY, aggregation_factory=tff.aggregators.MeanFactory())
   assert with_factory is not catalog.build_process('fedavg', TINY)

@@ -9,6 +9,7 @@ from fedcg_tff.algorithms import baselines_process_tff
 from fedcg_tff.algorithms import fedcg_process_tff
 from fedcg_tff.algorithms import round_tff
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.execution import devices
 from fedcg_tff.program import client_store
 from fedcg_tff.program import driver
 
@@ -43,21 +44,24 @@ def build_process(algorithm: str, config: FedCGConfig,
   if (aggregation_factory is None and server_images is None and
       server_images_dir is None):
     return _plain_process(algorithm, config.validate(), upload_updates,
-                          timed)
+                          timed, devices.training_device())
   return _build(algorithm, config, aggregation_factory, server_images,
                 server_images_dir, upload_updates, timed)
 
 
 @functools.cache
 def _plain_process(algorithm: str, config: FedCGConfig, upload_updates: bool,
-                   timed: bool) -> round_tff.RoundProcess:
+                   timed: bool, device: Optional[str]
+                   ) -> round_tff.RoundProcess:
   """A process without an aggregator or data of its own, built once per
   interpreter for an equal config: it holds computations and no state (each
   driver keeps its own), and tracing one is most of what starting a run
   costs (a tiny FedCG process: 10-15 s on the slowest host). A script or
   test that runs several runs of one config in one interpreter traces it
   once; code that patches what a process traces must build it anew
-  (`fedcg_process_tff`, `baselines_process_tff`)."""
+  (`fedcg_process_tff`, `baselines_process_tff`). `device` is part of the
+  key: the steps are traced under `devices.scope()`."""
+  del device
   return _build(algorithm, config, None, None, None, upload_updates, timed)
 
 

@@ -61,6 +61,11 @@ def configure(device: str, logical_per_gpu: int = 1,
   return _training_device
 
 
+def training_device() -> str | None:
+  """Where `scope` places training ops (None: TensorFlow's default)."""
+  return _training_device
+
+
 def scope():
   """A `tf.device` scope for training ops (a no-op on the CPU default)."""
   if _training_device is None:
