@@ -2,9 +2,9 @@
 
 Tracing a process is most of what a test of it costs (FedCG's tiny process:
 about 14 s on this machine kind), and several modules build the same
-algorithm with an equal config: `catalog.build_process` builds a process
+algorithm with an equal config. `catalog.build_process` builds a process
 without an aggregator or data of its own once per interpreter (one pytest
-worker), which sharing changes no result: a process holds computations
+worker); sharing it changes no result, as a process holds computations
 only, no state, and each test makes its own driver and states. Processes
 built with extra arguments (aggregators, server data) are not shared.
 """
