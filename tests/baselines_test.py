@@ -633,7 +633,6 @@ def test_a_plain_process_is_built_once_per_config(monkeypatch):
   assert with_factory is not catalog.build_process('fedavg', TINY)
 
 
-
 def test_update_baselines_keep_noised_batch_norm_variances_valid():
   """With DP, fedavg's server adds a noised mean update: a moving variance
   pushed below 0 (NaN at inference) is clamped to 0, every other weight
