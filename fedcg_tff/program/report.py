@@ -512,8 +512,6 @@ def reconstruction_grid(true_images: np.ndarray,
   width, height = 1.25 * len(columns), 1.3 * count + 0.3
   fig = plt.figure(figsize=(width, height), dpi=100)
   ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
-  ax.set_xlim(0.0, width)
-  ax.set_ylim(height, 0.0)  # Inches from the top.
   ax.set_axis_off()
   rows, cols = true_images.shape[1:3]
   tile_w, tile_h = 0.95 * min(1.0, cols / rows), 0.95 * min(1.0, rows / cols)
@@ -532,6 +530,7 @@ def reconstruction_grid(true_images: np.ndarray,
       if name != 'true':
         ax.text(centre, top + tile_h + 0.04, f'{psnrs[name][i]:.1f} dB',
                 ha='center', va='top', fontsize=7)
-  ax.set_xlim(0.0, width)  # imshow resets the limits to its extent.
+  # In inches from the top (set after the tiles: imshow resets them).
+  ax.set_xlim(0.0, width)
   ax.set_ylim(height, 0.0)
   return _save_figure(fig, path)

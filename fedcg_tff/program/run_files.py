@@ -90,9 +90,9 @@ class MetricsWriter:
     # end: dropped, as its round is not saved either.
     kept = kept[:kept.rfind('\n') + 1]
     reader = csv.DictReader(io.StringIO(kept, newline=''))
-    rows = []
+    rows, fieldnames = [], ['round']
     try:
-      fieldnames = reader.fieldnames or ['round']
+      fieldnames = reader.fieldnames or fieldnames
       damaged = 'round' not in fieldnames
       for row in ([] if damaged else reader):
         if not _readable(row):
@@ -100,16 +100,10 @@ class MetricsWriter:
         elif int(row['round']) <= rounds_done:
           rows.append(row)
     except csv.Error:  # E.g. a field past the csv module's size limit.
-      fieldnames = reader.fieldnames or ['round']
       damaged = True
-    aside = None
-    if damaged:
-      aside = run_record.earlier_attempt_dir(os.path.dirname(self.csv_path))
-      for path in (self.csv_path, self.tensorboard_dir):
-        if os.path.exists(path):
-          os.replace(path, os.path.join(aside, os.path.basename(path)))
-      if 'round' not in fieldnames:
-        fieldnames = ['round']
+    aside = self.set_aside() if damaged else None
+    if 'round' not in fieldnames:
+      fieldnames = ['round']
     text = io.StringIO(newline='')
     writer = csv.DictWriter(text, fieldnames=fieldnames)
     writer.writeheader()
