@@ -196,3 +196,41 @@ def test_workers_start_without_setpriv_when_it_fails(monkeypatch):
     assert command[1:] == ['--pdeathsig', 'KILL', '--', 'w']
   else:
     assert command == ['w']
+
+
+def test_a_computation_compiles_once_for_every_context(monkeypatch):
+  """TFF compiles per context; `runtime.compiled` once per interpreter:
+  the default context made again (as each in-process run does) and two
+  `--workers` contexts calling at once reuse the first compilation, and
+  still compute."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.execution import workers  # pylint: disable=g-import-not-at-top
+
+  native = tff.backends.native.desugar_and_transform_to_native
+  compiled = []
+
+  def counted(comp):
+    compiled.append(comp)
+    return native(comp)
+
+  monkeypatch.setattr(tff.backends.native, 'desugar_and_transform_to_native',
+                      counted)
+
+  @tff.tensorflow.computation(np.int32)
+  def plus_41(x):  # A computation no other test compiles.
+    return x + 41
+
+  @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+  def on_clients(x):
+    return tff.federated_map(plus_41, x)
+
+  for _ in range(2):
+    runtime.set_local_cpp_context()
+    assert on_clients([1, 2]) == [42, 43]
+  assert len(compiled) == 1
+  # The workers' contexts compile natively (secure sums kept): one more
+  # compilation, shared by both shards' threads.
+  with workers.Workers.local(2) as pool:
+    assert pool.map_clients(on_clients, (), ([1, 2, 3],)) == [42, 43, 44]
+  assert len(compiled) == 2

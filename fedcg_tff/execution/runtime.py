@@ -293,26 +293,95 @@ def default_concurrency(workers_on_this_machine: int = 1) -> int:
   return max(1, devices.usable_cpus() // workers_on_this_machine)
 
 
+# How many compiled computations `compiled` keeps: far more than the
+# computations of the processes one interpreter runs (a process has five or
+# six), so that only a long-lived interpreter building process after process
+# drops the oldest.
+COMPILED_KEPT = 256
+
+
+_COMPILING = threading.Lock()
+
+
+def compiled(comp, secure_as_plain: bool):
+  """`comp` compiled for TFF's C++ worker, once per interpreter.
+
+  TFF caches a compilation per execution context only, so every new context
+  compiled each computation again at its first call (TFF's native compiler
+  runs Grappler on each of its TF graphs: 6.0 s for the `next` of the tests'
+  tiny FedCG process on the Zen 1 host, 3.5 s for its clients' step alone),
+  although the result depends on the computation alone:
+  each of `--workers`' contexts, and each run of a script or test that runs
+  several in one interpreter (run_inversion_attack's calls, a sweep's
+  in-process runs in the tests). Every context this module makes shares
+  this cache. Equal
+  computations (equal protos, TFF's own cache key) share an entry; the
+  context keeps the caller's type signature for its result's containers.
+
+  `secure_as_plain`: TFF's test compiler, which lowers the secure-sum
+  intrinsics (`--aggregation=secure`) to their plain-TF bodies, which the
+  native compiler cannot run ("Cannot embed a federated value"); a
+  computation without a secure sum compiles as with the native compiler.
+
+  One compilation at a time: `--workers`' threads ask for the same
+  computation at once, and the later ones then wait for the first's result
+  instead of compiling it again beside it.
+  """
+  with _COMPILING:
+    return _compiled(comp, secure_as_plain)
+
+
+@functools.lru_cache(maxsize=COMPILED_KEPT)
+def _compiled(comp, secure_as_plain: bool):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  if secure_as_plain:
+    comp = tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
+  return tff.backends.native.desugar_and_transform_to_native(comp)
+
+
+def compiling_context(executor_fn, secure_as_plain: bool):
+  """A TFF synchronous context on `executor_fn` whose compilations are
+  `compiled`'s: what TFF's `create_sync_local_cpp_execution_context`
+  (`secure_as_plain=False`) and its test backend's (True) build, but with
+  the compiler output shared by every context of this interpreter."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  return tff.framework.SyncExecutionContext(
+      executor_fn=executor_fn,
+      compiler_fn=functools.partial(compiled,
+                                    secure_as_plain=secure_as_plain),
+      transform_args=tff.tensorflow.transform_args,
+      transform_result=tff.tensorflow.transform_result)
+
+
+def local_context(max_concurrent_computation_calls: int,
+                  secure_as_plain: bool = False):
+  """A context on its own local C++ worker (started on first use, stopped
+  as this module arranges), running at most
+  `max_concurrent_computation_calls` client computations at once
+  (non-positive: no bound)."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  patch_worker_launcher()
+  return compiling_context(
+      tff.framework.local_cpp_executor_factory(
+          max_concurrent_computation_calls=max_concurrent_computation_calls),
+      secure_as_plain)
+
+
 def set_local_cpp_context(
     max_concurrent_computation_calls: int | None = None) -> None:
   """Makes TFF's local C++ runtime the default context, with clean shutdown.
 
   `max_concurrent_computation_calls` bounds how many client computations the
   worker runs at once (None: `default_concurrency()`; non-positive: no
-  bound).
+  bound). The context compiles as TFF's test backend does
+  (`secure_as_plain`), so that `--aggregation=secure` runs here.
   """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  patch_worker_launcher()
   shutdown_workers()
   if max_concurrent_computation_calls is None:
     max_concurrent_computation_calls = default_concurrency()
-  # TFF's test backend: the native local C++ context (same executor
-  # factory) whose compiler also lowers the secure-sum intrinsics
-  # (`--aggregation=secure`) to their plain-TF bodies, which the native
-  # compiler cannot run ("Cannot embed a federated value"). Computations
-  # without a secure sum compile exactly as with the native context.
-  tff.backends.test.set_sync_test_cpp_execution_context(
-      max_concurrent_computation_calls=max_concurrent_computation_calls)
+  tff.framework.set_default_context(
+      local_context(max_concurrent_computation_calls, secure_as_plain=True))
 
 
 install_handlers()

@@ -41,10 +41,7 @@ from typing import Callable, Sequence
 import grpc
 import numpy as np
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.backends.native import compiler
-from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
-from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context
 from tensorflow_federated.python.core.impl.executor_stacks import executor_factory
 from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
 from tensorflow_federated.python.core.impl.executors import remote_executor
@@ -92,14 +89,12 @@ def local_contexts(count: int,
   (started on first use, stopped at exit by `fedcg_tff.runtime`) running
   at most `max_concurrent_computation_calls` clients at once (None: its
   share of this machine's cores)."""
-  runtime.patch_worker_launcher()
   if max_concurrent_computation_calls is None:
     max_concurrent_computation_calls = runtime.default_concurrency(count)
-  return [
-      tff.backends.native.create_sync_local_cpp_execution_context(
-          max_concurrent_computation_calls=max_concurrent_computation_calls)
-      for _ in range(count)
-  ]
+  # One compilation of each computation for all of them
+  # (`runtime.compiled`).
+  return [runtime.local_context(max_concurrent_computation_calls)
+          for _ in range(count)]
 
 
 def remote_context(address: str):
@@ -123,12 +118,10 @@ def remote_context(address: str):
     executor.set_cardinalities(cardinalities)
     return executor
 
-  return sync_execution_context.SyncExecutionContext(
-      executor_fn=python_executor_stacks.ResourceManagingExecutorFactory(
+  return runtime.compiling_context(
+      python_executor_stacks.ResourceManagingExecutorFactory(
           executor_stack_fn=stack_fn),
-      compiler_fn=compiler.desugar_and_transform_to_native,
-      transform_args=tensorflow_computation.transform_args,
-      transform_result=tensorflow_computation.transform_result)
+      secure_as_plain=False)
 
 
 def shards(num_clients: int, num_workers: int) -> list[range]:
