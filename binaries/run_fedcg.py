@@ -417,15 +417,53 @@ def dp_aggregation(clients_per_round: int) -> dict:
                         _teacher_clip(), clients_per_round)
 
 
-def dp_summary(rounds_run: int) -> dict:
+def dp_summary(rounds_run: int, redone: int = 0) -> dict:
   """results.json's `dp` entry: sigma, clip(s), noise multiplier(s) and the
-  (epsilon, delta) of `rounds_run` rounds of noised uploads."""
+  (epsilon, delta) of `rounds_run` rounds of noised uploads and `redone`
+  rounds run again after an interruption."""
   if not FLAGS.dp_sigma:
     return {}
   from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
   teacher = _teacher_clip() if FLAGS.algorithm == 'fedcg' else None
   return {'dp': dp.describe(FLAGS.dp_sigma, FLAGS.dp_clip, rounds_run,
-                            FLAGS.dp_delta, teacher_clip=teacher)}
+                            FLAGS.dp_delta, teacher_clip=teacher,
+                            redone=redone)}
+
+
+def recording_starts(train_data_fn, rounds_started):
+  """`train_data_fn` (called once as each round starts, before the round
+  runs) that first records the start in `rounds_started`
+  (`run_record.RoundsStarted`), for a DP run's accounting."""
+
+  def train_data(round_num):
+    rounds_started.start(round_num + 1)
+    return train_data_fn(round_num)
+
+  return train_data
+
+
+def print_dp(d: dict) -> None:
+  """The results' DP line (`d`: `dp_summary`'s entry)."""
+  if 'dp_teacher_clip' in d:  # DP-FedCG: the teacher's multiplier rules.
+    what = (f'update of G and C clipped to {d["dp_clip"]:g} (noise '
+            f'multiplier {d["noise_multiplier"]:.3g}) and teacher logits '
+            f'clipped to {d["dp_teacher_clip"]:g} (noise multiplier '
+            f'{d["teacher_noise_multiplier"]:.3g})')
+  else:
+    what = (f'update clipped to {d["dp_clip"]:g} (noise multiplier '
+            f'{d["noise_multiplier"]:.3g})')
+  from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
+  redone = d.get('rounds_redone', 0)
+  releases = (f'{d["releases"]} rounds' if not redone else
+              f'{d["releases"]} rounds of uploads ({redone} of them rounds '
+              f'run again after an interruption, '
+              f'{run_record.ROUNDS_STARTED_FILE})')
+  bound = (' (an upper bound: clients sit out rounds they are charged for)'
+           if FLAGS.clients_per_round else '')
+  print(f'DP: noise std {d["dp_sigma"]:g} on each client {what}; '
+        f'({d["epsilon"]:.4g}, {d["dp_delta"]:g})-DP per client after '
+        f'{releases}{bound} (a client\'s uploads against zeros; against any '
+        f'other client\'s: epsilon {d["epsilon_replace"]:.4g})')
 
 
 def clipped_counts(csv_path: str) -> dict:
@@ -607,6 +645,12 @@ def _run(config, task, sampling, pool, resuming):
       _print_finished(json.load(f))
     return
 
+  rounds_started = None  # A DP run's, read before the long build.
+  if FLAGS.dp_sigma:
+    try:
+      rounds_started = run_record.RoundsStarted(FLAGS.output_dir)
+    except ValueError as e:
+      sys.exit(str(e))
   runtime.set_local_cpp_context(FLAGS.max_concurrent_clients)
   print(task.describe(), flush=True)
   print(f'{FLAGS.algorithm} with {config.model}; building computations...',
@@ -628,12 +672,15 @@ def _run(config, task, sampling, pool, resuming):
   started = time.monotonic()
   checkpoints = checkpoint.Checkpoints(
       os.path.join(FLAGS.output_dir, 'checkpoints'))
+  train_data_fn = _with_injected_fault(
+      lambda r: task.train_datasets(r, config.batch_size, size,
+                                    config.replay_draws))
+  if rounds_started is not None:
+    train_data_fn = recording_starts(train_data_fn, rounds_started)
   try:
     result = round_loop.run(
         algorithm,
-        train_data_fn=_with_injected_fault(
-            lambda r: task.train_datasets(r, config.batch_size, size,
-                                          config.replay_draws)),
+        train_data_fn=train_data_fn,
         val_data=task.val_datasets(size),
         test_data=task.test_datasets(size),
         max_rounds=FLAGS.rounds,
@@ -675,7 +722,8 @@ def _run(config, task, sampling, pool, resuming):
       'total_round_seconds': sum(result.round_seconds),
       'host': devices.host_cpu(),  # Round times depend on it several-fold.
   }
-  summary.update(dp_summary(result.rounds_run))
+  summary.update(dp_summary(result.rounds_run, rounds_started.redone()
+                            if rounds_started else 0))
   if FLAGS.aggregation == 'secure':
     summary['aggregation'] = 'secure'
     summary['secure_clipped'] = clipped_counts(writer.csv_path)
@@ -694,17 +742,7 @@ def _run(config, task, sampling, pool, resuming):
         f'{time.monotonic() - started:.0f}s:')
   print(tracker.table(), flush=True)
   if 'dp' in summary:
-    d = summary['dp']
-    if 'dp_teacher_clip' in d:  # DP-FedCG.
-      what = (f'update of G and C clipped to {d["dp_clip"]:g} and teacher '
-              f'logits clipped to {d["dp_teacher_clip"]:g}')
-    else:
-      what = f'update clipped to {d["dp_clip"]:g}'
-    print(f'DP: noise std {d["dp_sigma"]:g} on each client {what} (noise '
-          f'multiplier {d["noise_multiplier"]:.3g}); ({d["epsilon"]:.4g}, '
-          f'{d["dp_delta"]:g})-DP per client after {d["releases"]} rounds '
-          f'(a client\'s uploads against zeros; against any other '
-          f'client\'s: epsilon {d["epsilon_replace"]:.4g})')
+    print_dp(summary['dp'])
   clipped = {k: v for k, v in summary.get('secure_clipped', {}).items() if v}
   if clipped:
     print(f'secure aggregation clipped uploads (raise --secure_bound): '

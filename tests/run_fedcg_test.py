@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,6 +174,10 @@ def test_dp_fedcg_flags_give_its_aggregator_and_epsilon(monkeypatch):
     # noise.
     assert summary['epsilon_replace'] == dp.fedcg_epsilon(0.5, 0.5, 2.0, 7)
     assert summary['dp_teacher_clip'] == 2.0
+    # Rounds run again after an interruption are releases too.
+    again = run_fedcg.dp_summary(5, redone=2)['dp']
+    assert (again['releases'], again['rounds_redone']) == (7, 2)
+    assert again['epsilon'] == summary['epsilon']
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['run_fedcg', '--algorithm=fedcg', '--dp_sigma=1',
                  '--dp_clip=3', '--output_dir=x'])
@@ -183,6 +188,39 @@ def test_dp_fedcg_flags_give_its_aggregator_and_epsilon(monkeypatch):
                  '--dp_clip=3', '--output_dir=x'])
     assert run_fedcg.dp_aggregation(3)['aggregation_factory'] == 'baseline'
     assert made[-1] == ('baseline', 0.1, 3.0, 3)
+
+
+def test_dp_run_charges_a_round_it_runs_again(tmp_path, capfd):
+  """A DP run stopped after a round's noised uploads reached the server but
+  before the round was saved redoes it on resume: the server has seen that
+  round's uploads twice, with independent noise, and epsilon counts both
+  (rounds_started.json). A damaged record stops the run, naming it."""
+  from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
+  out = tmp_path / 'dp'
+  args = [f'--output_dir={out}', f'--data_dir={_fake_idx(tmp_path)}',
+          '--algorithm=fedavg', '--dp_sigma=0.1', '--dp_clip=3',
+          '--rounds=1', '--num_clients=2', '--train_per_client=16',
+          '--local_epochs=1']
+  assert _main(args) is None
+  results = out / 'results.json'
+  first = json.loads(results.read_text())['dp']
+  assert (first['releases'], first['rounds_redone']) == (1, 0)
+  # As if stopped between round 1's release and its save.
+  shutil.rmtree(out / 'checkpoints' / 'round_1')
+  results.unlink()
+  capfd.readouterr()
+  assert _main(args) is None
+  again = json.loads(results.read_text())['dp']
+  assert (again['releases'], again['rounds_redone']) == (2, 1)
+  assert again['epsilon'] == dp.epsilon(0.1, 3.0, 2) > first['epsilon']
+  started = out / 'rounds_started.json'
+  assert json.loads(started.read_text()) == {'rounds': [1, 1]}
+  assert ('after 2 rounds of uploads (1 of them rounds run again after an '
+          'interruption, rounds_started.json)') in capfd.readouterr().out
+  results.unlink()
+  started.write_text('{"rounds": "1, 1"}')
+  assert _main(args) == (f'{started} does not hold the rounds a run '
+                         'started: restore it, or choose a new --output_dir')
 
 
 def test_replay_draws_is_recorded_only_when_set():

@@ -16,6 +16,8 @@ import time
 
 RUN_FILE = 'run.json'  # What defines the run in a directory: see below.
 RESULTS_FILE = 'results.json'  # Written when a run has finished.
+# A DP run's every round start, across its resumes (`RoundsStarted`).
+ROUNDS_STARTED_FILE = 'rounds_started.json'
 
 
 def duration(seconds: float) -> str:
@@ -213,3 +215,38 @@ def _load(path: str) -> dict:
     raise ValueError(f'{path} does not hold what a run writes there: '
                      'restore it, or choose a new --output_dir')
   return value
+
+
+class RoundsStarted:
+  """Every round a run has started, in `rounds_started.json`, kept across
+  its resumes and fallbacks.
+
+  A round's noised uploads reach the server in its server step, before the
+  round's state is saved: a run interrupted in between redoes the round on
+  resume (and a fallback past a damaged checkpoint redoes several), so the
+  server has seen that round's uploads twice, with independent noise. A
+  DP run's accounting charges each start (`redone`). Each start is on disk
+  before the round runs; a round started and stopped before its server
+  step is charged too (the count errs on the safe side).
+  """
+
+  def __init__(self, output_dir: str):
+    self.path = os.path.join(output_dir, ROUNDS_STARTED_FILE)
+    self.rounds = []
+    if os.path.exists(self.path):
+      rounds = _load(self.path).get('rounds')
+      if not (isinstance(rounds, list) and
+              all(isinstance(r, int) and r >= 1 for r in rounds)):
+        raise ValueError(f'{self.path} does not hold the rounds a run '
+                         'started: restore it, or choose a new --output_dir')
+      self.rounds = rounds
+
+  def start(self, round_number: int) -> None:
+    """Records that round `round_number` (from 1) starts; on disk when this
+    returns."""
+    self.rounds.append(round_number)
+    write_json_atomically(self.path, {'rounds': self.rounds})
+
+  def redone(self) -> int:
+    """How many starts were of a round started before."""
+    return len(self.rounds) - len(set(self.rounds))
