@@ -417,17 +417,21 @@ def dp_aggregation(clients_per_round: int) -> dict:
                         _teacher_clip(), clients_per_round)
 
 
-def dp_summary(rounds_run: int, redone: int = 0) -> dict:
+def dp_summary(rounds_run: int, rounds_started=None) -> dict:
   """results.json's `dp` entry: sigma, clip(s), noise multiplier(s) and the
-  (epsilon, delta) of `rounds_run` rounds of noised uploads and `redone`
-  rounds run again after an interruption."""
+  (epsilon, delta) of `rounds_run` rounds of noised uploads and of the
+  further round starts `rounds_started` (`run_record.RoundsStarted`)
+  recorded."""
   if not FLAGS.dp_sigma:
     return {}
   from fedcg_tff.privacy import dp  # pylint: disable=g-import-not-at-top
   teacher = _teacher_clip() if FLAGS.algorithm == 'fedcg' else None
-  return {'dp': dp.describe(FLAGS.dp_sigma, FLAGS.dp_clip, rounds_run,
-                            FLAGS.dp_delta, teacher_clip=teacher,
-                            redone=redone)}
+  extra = rounds_started.extra_releases(rounds_run) if rounds_started else 0
+  summary = dp.describe(FLAGS.dp_sigma, FLAGS.dp_clip, rounds_run,
+                        FLAGS.dp_delta, teacher_clip=teacher, extra=extra)
+  if rounds_started and rounds_started.partial:
+    summary['round_starts_partial'] = True
+  return {'dp': summary}
 
 
 def recording_starts(train_data_fn, rounds_started):
@@ -453,11 +457,15 @@ def print_dp(d: dict) -> None:
     what = (f'update clipped to {d["dp_clip"]:g} (noise multiplier '
             f'{d["noise_multiplier"]:.3g})')
   from fedcg_tff.program import run_record  # pylint: disable=g-import-not-at-top
-  redone = d.get('rounds_redone', 0)
-  releases = (f'{d["releases"]} rounds' if not redone else
-              f'{d["releases"]} rounds of uploads ({redone} of them rounds '
-              f'run again after an interruption, '
+  extra = d.get('extra_releases', 0)
+  releases = (f'{d["releases"]} rounds' if not extra else
+              f'{d["releases"]} rounds of uploads ({extra} of them from '
+              f'rounds started again after an interruption, '
               f'{run_record.ROUNDS_STARTED_FILE})')
+  if d.get('round_starts_partial'):
+    releases += (f' (a lower bound: {run_record.ROUNDS_STARTED_FILE} began '
+                 'after the run had started, and a round run twice before '
+                 'it is counted once)')
   bound = (' (an upper bound: clients sit out rounds they are charged for)'
            if FLAGS.clients_per_round else '')
   print(f'DP: noise std {d["dp_sigma"]:g} on each client {what}; '
@@ -648,7 +656,12 @@ def _run(config, task, sampling, pool, resuming):
   rounds_started = None  # A DP run's, read before the long build.
   if FLAGS.dp_sigma:
     try:
-      rounds_started = run_record.RoundsStarted(FLAGS.output_dir)
+      # Rounds ran here before, with no record of their starts: a run
+      # begun before the record existed.
+      ran_before = resuming and any(
+          os.path.exists(os.path.join(FLAGS.output_dir, name))
+          for name in ('checkpoints', run_files.METRICS_FILE))
+      rounds_started = run_record.RoundsStarted(FLAGS.output_dir, ran_before)
     except ValueError as e:
       sys.exit(str(e))
   runtime.set_local_cpp_context(FLAGS.max_concurrent_clients)
@@ -722,8 +735,7 @@ def _run(config, task, sampling, pool, resuming):
       'total_round_seconds': sum(result.round_seconds),
       'host': devices.host_cpu(),  # Round times depend on it several-fold.
   }
-  summary.update(dp_summary(result.rounds_run, rounds_started.redone()
-                            if rounds_started else 0))
+  summary.update(dp_summary(result.rounds_run, rounds_started))
   if FLAGS.aggregation == 'secure':
     summary['aggregation'] = 'secure'
     summary['secure_clipped'] = clipped_counts(writer.csv_path)

@@ -23,6 +23,7 @@ from fedcg_tff import names
 from fedcg_tff.execution import devices
 from fedcg_tff.execution import workers
 from fedcg_tff.program import checkpoint
+from fedcg_tff.program import run_record
 from tasks import image_task
 from tests import binary_runs
 from tests import event_logs
@@ -148,7 +149,8 @@ def test_private_aggregation_and_device_flags_are_checked(tmp_path, args, messag
   assert not (tmp_path / 'out').exists()
 
 
-def test_dp_fedcg_flags_give_its_aggregator_and_epsilon(monkeypatch):
+def test_dp_fedcg_flags_give_its_aggregator_and_epsilon(monkeypatch,
+                                                        tmp_path):
   """What run.json and results.json record for DP-FedCG, and the
   aggregation the process is built with (flags parsed in-process): DP-FedCG's
   factory with sigma, clip, the logits' clip and the clients of a round;
@@ -174,10 +176,25 @@ def test_dp_fedcg_flags_give_its_aggregator_and_epsilon(monkeypatch):
     # noise.
     assert summary['epsilon_replace'] == dp.fedcg_epsilon(0.5, 0.5, 2.0, 7)
     assert summary['dp_teacher_clip'] == 2.0
-    # Rounds run again after an interruption are releases too.
-    again = run_fedcg.dp_summary(5, redone=2)['dp']
-    assert (again['releases'], again['rounds_redone']) == (7, 2)
+    # Rounds started again after an interruption are releases too: here
+    # round 3 redone after a fallback, and a round 6 that a start-over
+    # undid.
+    started = run_record.RoundsStarted(str(tmp_path), ran_before=False)
+    for round_number in (1, 2, 3, 4, 5, 6, 3):
+      started.start(round_number)
+    again = run_fedcg.dp_summary(5, started)['dp']
+    assert (again['releases'], again['extra_releases']) == (7, 2)
     assert again['epsilon'] == summary['epsilon']
+    assert 'round_starts_partial' not in again
+    # A start is on record before the round can run (its data comes first).
+
+    def no_data(round_num):
+      raise RuntimeError(f'no data for round {round_num + 1}')
+
+    with pytest.raises(RuntimeError, match='round 8'):
+      run_fedcg.recording_starts(no_data, started)(7)
+    assert json.loads((tmp_path / 'rounds_started.json').read_text())[
+        'rounds'][-1] == 8
     flags.FLAGS.unparse_flags()
     flags.FLAGS(['run_fedcg', '--algorithm=fedcg', '--dp_sigma=1',
                  '--dp_clip=3', '--output_dir=x'])
@@ -204,23 +221,36 @@ def test_dp_run_charges_a_round_it_runs_again(tmp_path, capfd):
   assert _main(args) is None
   results = out / 'results.json'
   first = json.loads(results.read_text())['dp']
-  assert (first['releases'], first['rounds_redone']) == (1, 0)
+  assert (first['releases'], first['extra_releases']) == (1, 0)
   # As if stopped between round 1's release and its save.
   shutil.rmtree(out / 'checkpoints' / 'round_1')
   results.unlink()
   capfd.readouterr()
   assert _main(args) is None
   again = json.loads(results.read_text())['dp']
-  assert (again['releases'], again['rounds_redone']) == (2, 1)
+  assert (again['releases'], again['extra_releases']) == (2, 1)
   assert again['epsilon'] == dp.epsilon(0.1, 3.0, 2) > first['epsilon']
   started = out / 'rounds_started.json'
-  assert json.loads(started.read_text()) == {'rounds': [1, 1]}
-  assert ('after 2 rounds of uploads (1 of them rounds run again after an '
-          'interruption, rounds_started.json)') in capfd.readouterr().out
+  assert json.loads(started.read_text()) == {'rounds': [1, 1],
+                                             'partial': False}
+  assert ('after 2 rounds of uploads (1 of them from rounds started again '
+          'after an interruption, rounds_started.json)'
+          in capfd.readouterr().out)
   results.unlink()
-  started.write_text('{"rounds": "1, 1"}')
-  assert _main(args) == (f'{started} does not hold the rounds a run '
-                         'started: restore it, or choose a new --output_dir')
+  for damaged in ('{"rounds": "1, 1"}', '{"rounds": [1, true]}'):
+    started.write_text(damaged)
+    assert _main(args) == (f'{started} does not hold the rounds a run '
+                           'started: restore it, or choose a new '
+                           '--output_dir')
+  # A run that ran before the record existed: its record is partial, and
+  # the accounting says so.
+  started.unlink()
+  shutil.rmtree(out / 'checkpoints' / 'round_1')
+  capfd.readouterr()
+  assert _main(args) is None
+  partial = json.loads(results.read_text())['dp']
+  assert partial['round_starts_partial'] and partial['releases'] == 1
+  assert 'a lower bound: rounds_started.json began' in capfd.readouterr().out
 
 
 def test_replay_draws_is_recorded_only_when_set():

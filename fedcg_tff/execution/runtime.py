@@ -293,11 +293,10 @@ def default_concurrency(workers_on_this_machine: int = 1) -> int:
   return max(1, devices.usable_cpus() // workers_on_this_machine)
 
 
-# How many compiled computations `compiled` keeps: far more than the
-# computations of the processes one interpreter runs (a process has five or
-# six), so that only a long-lived interpreter building process after process
-# drops the oldest.
-COMPILED_KEPT = 256
+# How many compiled computations `compiled` keeps alive (a process has five
+# or six): the last few processes an interpreter ran, so that one building
+# process after process (a notebook) does not keep every compilation.
+COMPILED_KEPT = 32
 
 
 _COMPILING = threading.Lock()
@@ -311,10 +310,12 @@ def compiled(comp, secure_as_plain: bool):
   runs Grappler on each of its TF graphs: 6.0 s for the `next` of the tests'
   tiny FedCG process on the Zen 1 host, 3.5 s for its clients' step alone),
   although the result depends on the computation alone:
-  each of `--workers`' contexts, and each run of a script or test that runs
-  several in one interpreter (run_inversion_attack's calls, a sweep's
-  in-process runs in the tests). Every context this module makes shares
-  this cache. Equal
+  each of `--workers`' contexts, and each run of one process in an
+  interpreter that runs several (`catalog.build_process` builds a process
+  once per config: run_inversion_attack's calls, the tests' in-process
+  runs). Every context this module makes shares this cache. A process
+  traced again is another computation (TF's graph names differ) and
+  compiles anew. Equal
   computations (equal protos, TFF's own cache key) share an entry; the
   context keeps the caller's type signature for its result's containers.
 

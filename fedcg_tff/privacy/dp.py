@@ -243,16 +243,16 @@ def epsilon(sigma: float, clip: float, rounds: int,
 
 def describe(sigma: float, clip: float, rounds: int,
              delta: float = DEFAULT_DELTA,
-             teacher_clip: float | None = None, redone: int = 0) -> dict:
+             teacher_clip: float | None = None, extra: int = 0) -> dict:
   """The DP figures a report prints, as a JSON-able dict, after `rounds`
-  rounds of which `redone` more were run again after an interruption
-  (`run_record.RoundsStarted`: each is one more release); with
-  `teacher_clip`, DP-FedCG's (three mechanisms a round). `epsilon` is
-  zero-out adjacency's, `epsilon_replace` replacement's."""
-  rounds += redone
+  rounds run and `extra` further releases (rounds an interruption made the
+  run start again: `run_record.RoundsStarted`); with `teacher_clip`,
+  DP-FedCG's (three mechanisms a round). `epsilon` is zero-out adjacency's,
+  `epsilon_replace` replacement's."""
+  rounds += extra
   out = {'dp_sigma': sigma, 'dp_clip': clip,
          'noise_multiplier': noise_multiplier(sigma, clip),
-         'releases': rounds, 'rounds_redone': redone, 'dp_delta': delta}
+         'releases': rounds, 'extra_releases': extra, 'dp_delta': delta}
   if teacher_clip is None:
     account = lambda adjacency: epsilon(sigma, clip, rounds, delta, adjacency)
   else:

@@ -16,12 +16,15 @@ import tensorflow_federated as tff
 from fedcg_tff.program import run_record
 
 
+METRICS_FILE = 'metrics.csv'  # Every round's scalars, in the run's directory.
+
+
 class MetricsWriter:
   """Each round's scalars to TensorBoard (`<dir>/tensorboard`) and CSV,
   through `tff.program` release managers."""
 
   def __init__(self, output_dir: str):
-    self.csv_path = os.path.join(output_dir, 'metrics.csv')
+    self.csv_path = os.path.join(output_dir, METRICS_FILE)
     self.tensorboard_dir = os.path.join(output_dir, 'tensorboard')
     self._managers = None
 

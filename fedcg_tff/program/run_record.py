@@ -225,28 +225,43 @@ class RoundsStarted:
   round's state is saved: a run interrupted in between redoes the round on
   resume (and a fallback past a damaged checkpoint redoes several), so the
   server has seen that round's uploads twice, with independent noise. A
-  DP run's accounting charges each start (`redone`). Each start is on disk
-  before the round runs; a round started and stopped before its server
-  step is charged too (the count errs on the safe side).
+  DP run's accounting charges each start (`extra_releases`). Each start is
+  on disk before the round runs; a round started and stopped before its
+  server step is charged too (the count errs on the safe side).
+
+  `partial`: the record began after the run had already run (a run
+  resumed from before this file existed): starts before it are not known,
+  and are counted as the rounds run.
   """
 
-  def __init__(self, output_dir: str):
+  def __init__(self, output_dir: str, ran_before: bool):
+    """`ran_before`: rounds ran in `output_dir` before; read only when it
+    has no record yet, which is then `partial`."""
     self.path = os.path.join(output_dir, ROUNDS_STARTED_FILE)
-    self.rounds = []
-    if os.path.exists(self.path):
-      rounds = _load(self.path).get('rounds')
-      if not (isinstance(rounds, list) and
-              all(isinstance(r, int) and r >= 1 for r in rounds)):
-        raise ValueError(f'{self.path} does not hold the rounds a run '
-                         'started: restore it, or choose a new --output_dir')
-      self.rounds = rounds
+    self.rounds, self.partial = [], ran_before
+    try:
+      if os.path.exists(self.path):
+        stored = _load(self.path)
+        self.rounds = stored.get('rounds')
+        self.partial = stored.get('partial', False)
+    except OSError as e:
+      raise ValueError(f'{self.path} cannot be read ({e}): make it readable '
+                       'or restore it, or choose a new --output_dir') from None
+    if not (isinstance(self.rounds, list) and isinstance(self.partial, bool)
+            and all(type(r) is int and r >= 1 for r in self.rounds)):  # pylint: disable=unidiomatic-typecheck
+      raise ValueError(f'{self.path} does not hold the rounds a run '
+                       'started: restore it, or choose a new --output_dir')
 
   def start(self, round_number: int) -> None:
     """Records that round `round_number` (from 1) starts; on disk when this
     returns."""
     self.rounds.append(round_number)
-    write_json_atomically(self.path, {'rounds': self.rounds})
+    write_json_atomically(self.path, {'rounds': self.rounds,
+                                      'partial': self.partial})
 
-  def redone(self) -> int:
-    """How many starts were of a round started before."""
-    return len(self.rounds) - len(set(self.rounds))
+  def extra_releases(self, rounds_run: int) -> int:
+    """The starts beyond one for each of rounds 1..`rounds_run`: rounds run
+    again, and rounds started past `rounds_run` by an attempt that a
+    fallback or a start-over then undid."""
+    counted = {r for r in self.rounds if r <= rounds_run}
+    return len(self.rounds) - len(counted)
