@@ -65,11 +65,16 @@ def test_paper_comparison_gives_difference_rounds_and_round_time():
              r('cifar10', 'fedcg', 1, (0.40, 0.50))]
   rows = report.table(results, ['local', 'fedcg'], ['fmnist', 'cifar10'])
   md = report.paper_markdown(rows, results, 'fmnist')
-  # Local: seed means 81 and 79; the paper's 79.66.
-  assert ('| local | 80.00 ± 1.00 (2) | 79.66 ± 0.55 | +0.34 | seed 1: 41 '
-          '(early stop), 88 s; seed 2: 60, 90 s |') in md
-  assert ('| fedcg | 84.00 ± 0.00 (1) | 83.81 ± 0.28 | +0.19 | seed 1: 60, '
-          '132 s on AMD EPYC (family 26, AVX-512) |') in md
+  # Local: seed means 81 and 79 (Bessel's std: sqrt(2)); the paper's
+  # 79.66 ± 0.55, 0.34 / 0.55 = 0.6 of its std.
+  assert ('| local | 80.00 ± 1.00 (2; Bessel 1.41) | 79.66 ± 0.55 | +0.34 '
+          '| +0.6 | — | seed 1: 81.00, 41 (early stop), 88 s; seed 2: '
+          '79.00, 60, 90 s |') in md, md
+  # FedCG's gain over Local's seed 1, per client 84 - 80 and 84 - 82; the
+  # paper's 83.81 - 79.66.
+  assert ('| fedcg | 84.00 ± 0.00 (1) | 83.81 ± 0.28 | +0.19 | +0.7 | '
+          '3.00 / 4.15 | seed 1: 84.00, 60, 132 s on AMD EPYC (family 26, '
+          'AVX-512) |') in md, md
   assert report.paper_markdown(rows, results, 'cifar10') == ''
 
 

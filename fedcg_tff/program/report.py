@@ -198,24 +198,31 @@ PAPER_TABLE_1 = {
 
 def paper_markdown(rows: list[dict], results: Sequence[RunResult],
                    task: str) -> str:
-  """Our Table 1 column for `task` beside the paper's: difference, and
-  per seed the rounds run (whether early stopping fired) and the median
-  round time (and its host, where results.json records it). Empty if the
-  paper has no column for `task`."""
+  """Our Table 1 column for `task` beside the paper's: the difference (in
+  points and in the paper's standard deviations), the gain over Local
+  (ours: per client and paired by seed, `gains_over_local`, averaged over
+  the clients; the paper's: the difference of its means), our spread with
+  Bessel's correction too, and per seed its result, the rounds run
+  (whether early stopping fired) and the median round time (and its host,
+  where results.json records it). Empty if the paper has no column for
+  `task`."""
   paper = PAPER_TABLE_1.get(task)
   if paper is None:
     return ''
-  lines = [f'| algorithm | ours ({task}) | paper | ours − paper | '
-           'per seed: rounds run, median s/round |',
-           '|---|---|---|---|---|']
+  gains = gains_over_local(results, task)
+  lines = [f'| algorithm | ours ({task}) | paper | ours − paper | in the '
+           'paper\'s std | gain over Local: ours / paper | per seed: '
+           'result, rounds run, median s/round |',
+           '|---|---|---|---|---|---|---|']
   for row in rows:
     if task not in row['cells']:
       continue
+    algorithm = row['algorithm']
     mean, std, n = row['cells'][task]
-    ref = paper.get(row['algorithm'])
-    runs = []
+    runs, per_seed = [], []
     for r in sorted((r for r in results if r.task == task and
-                     r.algorithm == row['algorithm']), key=lambda r: r.seed):
+                     r.algorithm == algorithm), key=lambda r: r.seed):
+      per_seed.append(100 * r.mean)
       stop = ' (early stop)' if r.stopped_early else ''
       per_round = (f', {r.median_round_seconds:.0f} s'
                    if r.median_round_seconds is not None else '')
@@ -223,11 +230,24 @@ def paper_markdown(rows: list[dict], results: Sequence[RunResult],
         per_round += f' on {r.host}'
       other = (' (not the paper\'s protocol)' if r.paper_protocol is False
                else '')
-      runs.append(f'seed {r.seed}: {r.rounds_run}{stop}{per_round}{other}')
-    lines.append(
-        f'| {row["algorithm"]} | {mean:.2f} ± {std:.2f} ({n}) | '
-        + (f'{ref[0]:.2f} ± {ref[1]:.2f} | {mean - ref[0]:+.2f} | '
-           if ref else '— | — | ') + '; '.join(runs) + ' |')
+      runs.append(f'seed {r.seed}: {100 * r.mean:.2f}, {r.rounds_run}{stop}'
+                  f'{per_round}{other}')
+    ours = (f'{mean:.2f} ± {std:.2f} ({n}' +
+            (f'; Bessel {np.std(per_seed, ddof=1):.2f})' if n > 1 else ')'))
+    ref = paper.get(algorithm)
+    if ref:
+      beside = f'{ref[0]:.2f} ± {ref[1]:.2f} | {mean - ref[0]:+.2f} | '
+      beside += f'{(mean - ref[0]) / ref[1]:+.1f} | ' if ref[1] else '— | '
+    else:
+      beside = '— | — | — | '
+    if algorithm in gains:
+      gain = f'{float(np.mean(gains[algorithm])):.2f} / '
+      gain += (f'{ref[0] - paper["local"][0]:.2f}'
+               if ref and 'local' in paper else '—')
+    else:
+      gain = '—'
+    lines.append(f'| {algorithm} | {ours} | {beside}{gain} | ' +
+                 '; '.join(runs) + ' |')
   return '\n'.join(lines) + '\n'
 
 
