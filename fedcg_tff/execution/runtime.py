@@ -309,15 +309,15 @@ def compiled(comp, secure_as_plain: bool):
   compiled each computation again at its first call (TFF's native compiler
   runs Grappler on each of its TF graphs: 6.0 s for the `next` of the tests'
   tiny FedCG process on the Zen 1 host, 3.5 s for its clients' step alone),
-  although the result depends on the computation alone:
-  each of `--workers`' contexts, and each run of one process in an
-  interpreter that runs several (`catalog.build_process` builds a process
-  once per config: run_inversion_attack's calls, the tests' in-process
-  runs). Every context this module makes shares this cache. A process
-  traced again is another computation (TF's graph names differ) and
-  compiles anew. Equal
-  computations (equal protos, TFF's own cache key) share an entry; the
-  context keeps the caller's type signature for its result's containers.
+  although the result depends on the computation alone: each of
+  `--workers`' contexts, and each run of one process in an interpreter
+  that runs several (`catalog.build_process` builds a process once per
+  config: run_inversion_attack's calls, the tests' in-process runs).
+  Every context this module makes shares this cache. A process traced
+  again is another computation (TF's graph names differ) and compiles
+  anew. Equal computations (equal protos, TFF's own cache key) share an
+  entry; the context keeps the caller's type signature for its result's
+  containers.
 
   `secure_as_plain`: TFF's test compiler, which lowers the secure-sum
   intrinsics (`--aggregation=secure`) to their plain-TF bodies, which the
