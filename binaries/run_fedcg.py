@@ -576,9 +576,8 @@ def main(argv):
   config = dataclasses.replace(config, num_classes=task.num_classes,
                                image_channels=task.channels)
   try:
-    resuming = run_record.prepare_output_dir(FLAGS.output_dir,
-                                             run_definition(config))
-    lock = run_record.OutputDirLock(FLAGS.output_dir)
+    resuming, lock = run_record.claim_output_dir(FLAGS.output_dir,
+                                                 run_definition(config))
   except (OSError, ValueError) as e:
     raise app.UsageError(str(e)) from None
   with lock:

@@ -149,6 +149,36 @@ def test_prepare_output_dir_refuses_foreign_or_different_runs(tmp_path):
   assert json.loads((new / 'run.json').read_text()) == definition
 
 
+def test_a_start_refused_by_the_lock_writes_nothing(tmp_path):
+  """Two runs started on one directory: the one that does not get the lock
+  leaves the directory as it was (run.json is written under the lock)."""
+  out = tmp_path / 'run'
+  definition = {'config': {'lr': 0.001}, 'run': {'rounds': 3}}
+  other = {'config': {'lr': 0.01}, 'run': {'rounds': 3}}
+  out.mkdir()
+  with run_record.OutputDirLock(str(out)):  # The other run, starting.
+    with pytest.raises(FileExistsError, match='in use by another run'):
+      run_record.claim_output_dir(str(out), other)
+    assert os.listdir(out) == ['.lock']
+  resuming, lock = run_record.claim_output_dir(str(out), definition)
+  with lock:
+    assert not resuming
+    with pytest.raises(FileExistsError, match='in use by another run'):
+      run_record.claim_output_dir(str(out), definition)
+  assert json.loads((out / 'run.json').read_text()) == definition
+  with pytest.raises(FileExistsError, match='--lr: stored 0.001, given 0.01'):
+    run_record.claim_output_dir(str(out), other)
+  resuming, lock = run_record.claim_output_dir(str(out), definition)
+  with lock:  # The refusal above released the lock.
+    assert resuming
+  foreign = tmp_path / 'foreign'
+  foreign.mkdir()
+  (foreign / 'notes.txt').write_text('mine')
+  with pytest.raises(FileExistsError, match='holds no run.json'):
+    run_record.claim_output_dir(str(foreign), definition)
+  assert os.listdir(foreign) == ['notes.txt']  # Not even a lock file.
+
+
 def test_run_resumes_from_checkpoints(tmp_path):
   val = [[0.1 * r, 0.2] for r in range(6)]
   test = [[0.05 * r, 0.1] for r in range(6)]

@@ -186,6 +186,12 @@ def test_dp_fedcg_flags_give_its_aggregator_and_epsilon(monkeypatch,
     assert (again['releases'], again['extra_releases']) == (7, 2)
     assert again['epsilon'] == summary['epsilon']
     assert 'round_starts_partial' not in again
+    unreadable = tmp_path / 'unreadable'
+    (unreadable / 'rounds_started.json').mkdir(parents=True)
+    with pytest.raises(ValueError, match=(
+        r'unreadable/rounds_started.json cannot be read \(.*Is a directory'
+        r'.*\): make it readable')):
+      run_record.RoundsStarted(str(unreadable), ran_before=True)
     # A start is on record before the round can run (its data comes first).
 
     def no_data(round_num):

@@ -16,6 +16,7 @@ import time
 
 RUN_FILE = 'run.json'  # What defines the run in a directory: see below.
 RESULTS_FILE = 'results.json'  # Written when a run has finished.
+LOCK_FILE = '.lock'  # Held by the process training there: OutputDirLock.
 # A DP run's every round start, across its resumes (`RoundsStarted`).
 ROUNDS_STARTED_FILE = 'rounds_started.json'
 
@@ -111,7 +112,7 @@ class OutputDirLock:
   process ends, however it ends."""
 
   def __init__(self, output_dir: str):
-    path = os.path.join(output_dir, '.lock')
+    path = os.path.join(output_dir, LOCK_FILE)
     self._file = open(path, 'a+')  # pylint: disable=consider-using-with
     try:
       fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -134,6 +135,36 @@ class OutputDirLock:
     self._file.close()  # Releases the lock.
 
 
+def claim_output_dir(output_dir: str,
+                     run_definition: dict) -> tuple[bool, OutputDirLock]:
+  """`prepare_output_dir` under the directory's lock: returns (whether the
+  directory already held this run, the lock, held). The lock comes first:
+  of two runs started on one directory at the same instant, the one
+  refused has written nothing (with run.json written before the lock, the
+  run that trains could find there the other's flags). A directory that
+  is not a run's is refused before anything, even the lock file, is
+  written into it."""
+  _refuse_foreign(output_dir)
+  os.makedirs(output_dir, exist_ok=True)
+  lock = OutputDirLock(output_dir)
+  try:
+    return prepare_output_dir(output_dir, run_definition), lock
+  except BaseException:
+    lock.__exit__(None, None, None)
+    raise
+
+
+def _refuse_foreign(output_dir: str) -> None:
+  """Raises FileExistsError if `output_dir` holds files but no run (its
+  lock file alone is not a run's file: a start stopped before run.json)."""
+  if (os.path.isdir(output_dir) and
+      set(os.listdir(output_dir)) - {LOCK_FILE} and
+      not os.path.exists(os.path.join(output_dir, RUN_FILE))):
+    raise FileExistsError(
+        f'--output_dir {output_dir!r} is not empty and holds no {RUN_FILE}: '
+        'choose a new directory so that nothing there is overwritten')
+
+
 def prepare_output_dir(output_dir: str, run_definition: dict) -> bool:
   """Creates `output_dir` for a run, or accepts it for resuming.
 
@@ -145,11 +176,8 @@ def prepare_output_dir(output_dir: str, run_definition: dict) -> bool:
   directory already held this run.
   """
   path = os.path.join(output_dir, RUN_FILE)
-  if os.path.isdir(output_dir) and os.listdir(output_dir):
-    if not os.path.exists(path):
-      raise FileExistsError(
-          f'--output_dir {output_dir!r} is not empty and holds no {RUN_FILE}: '
-          'choose a new directory so that nothing there is overwritten')
+  _refuse_foreign(output_dir)
+  if os.path.exists(path):
     stored = _load(path)
     normalise = lambda d: json.loads(json.dumps(d, default=str))
     if normalise(stored) != normalise(run_definition):
