@@ -3,7 +3,8 @@
 # images) with a budget that finishes in minutes, after setting up what is
 # missing (setup.sh: the venv, the pinned stack, Debian's dataset).
 # Rerunning continues an interrupted run or reports the finished one.
-# Extra flags go to binaries.run_fedcg, e.g. ./train_fmnist.sh --rounds=10
+# Extra flags go to binaries.run_fedcg; flags that change the run need a new
+# directory, e.g. FEDCG_OUTPUT_DIR=runs/fmnist_10_rounds ./train_fmnist.sh --rounds=10
 set -euo pipefail
 cd "$(dirname "$0")"
 ./setup.sh --if-needed
