@@ -79,6 +79,18 @@ def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
           f'({devices.core_count()} x one thread') in done.stdout
   assert (result['achieved_training_flops_per_s']
           == result['training_flops_per_round'] / mean['clients_in_workers_s'])
+  # What that rate counts: both clients' 16 images through the round's
+  # epochs, at the networks' own per-layer counts.
+  from fedcg_tff.config import FedCGConfig  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.execution import flops  # pylint: disable=g-import-not-at-top
+  ran = result['flags']
+  assert (ran['clients'], ran['train_per_client']) == (2, 16)
+  config = FedCGConfig(local_epochs=ran['local_epochs'],
+                       gan_epochs=ran['gan_epochs'])
+  forward = flops.forward_flops(config)
+  assert result['forward_flops_per_example'] == forward
+  assert result['training_flops_per_round'] == 2 * sum(
+      flops.training_flops(config, forward, 16))
   assert result['peak_rss_bytes']['driver'] > 0
   assert 'full-protocol round' not in done.stdout  # Only with --full_protocol.
   assert 'GFLOP/s' in done.stdout and '% of peak' in done.stdout

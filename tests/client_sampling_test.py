@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tracemalloc
 
@@ -684,6 +685,11 @@ def test_binary_samples_dirichlet_clients(tmp_path, capfd):
       [*args, '--clients_per_round=5']) is None
   stdout = capfd.readouterr().out
   assert 'task fmnist: 20 clients' in stdout and 'round 2/2' in stdout
+  # The Dirichlet split reached the task: client sizes vary (IID's are
+  # all 20).
+  sizes = [int(n) for n in re.findall(r'^  \S+: train (\d+) /', stdout,
+                                      re.M)]
+  assert len(sizes) == 20 and len(set(sizes)) > 1, sizes
   definition = json.loads((out / 'run.json').read_text())
   assert definition['run']['clients_per_round'] == 5
   # Files for the clients the two rounds sampled, and only theirs.

@@ -103,9 +103,10 @@ def test_every_step_and_the_evaluation_trace_under_the_training_device(
   it."""
   entered = []
 
-  def scope():
+  @contextlib.contextmanager
+  def scope():  # Counted when entered (`with`), not when merely called.
     entered.append(len(entered))
-    return contextlib.nullcontext()
+    yield
 
   monkeypatch.setattr(round_tff.devices, 'scope', scope)
   # Built anew (catalog.build_process would give the one this test process

@@ -52,6 +52,19 @@ def _domain_root(root, domains, classes, per_class=4, ext='.jpg'):
   return str(root)
 
 
+def _labelled(folder, classes, size):
+  """Sorted (label, image bytes) of `<folder>/<class>/*`, each image
+  labelled here by its class's index: what a loader must give."""
+  return sorted((k, image_folder.read_image(path, size, 3).tobytes())
+                for k, name in enumerate(classes)
+                for path in glob.glob(os.path.join(folder, name, '*')))
+
+
+def _examples(images, labels):
+  return sorted((int(label), image.tobytes())
+                for image, label in zip(images, labels))
+
+
 def test_digit5_from_folders(tmp_path):
   root = _digit5_root(tmp_path / 'digit5')
   options = TaskOptions(data_dir=root, train_per_client=12, seed=4,
@@ -61,8 +74,13 @@ def test_digit5_from_folders(tmp_path):
   for c in task.clients:
     assert c.train[0].shape == (12, 32, 32, 3) and c.train[0].dtype == np.uint8
     assert len(c.val[1]) == len(c.test[1]) == 10  # 20 test images halved.
-    assert set(np.concatenate([c.train[1], c.val[1], c.test[1]])) <= set(
-        range(10))
+  # A client's val and test halves are its domain's test images, with
+  # their folders' labels.
+  for domain, c in zip(task.client_names, task.clients):
+    assert _examples(np.concatenate([c.val[0], c.test[0]]),
+                     np.concatenate([c.val[1], c.test[1]])) == _labelled(
+                         os.path.join(root, domain, 'test_images'),
+                         digit5.CLASSES, 32)
   assert task.server_images.shape == (5, 32, 32, 3)  # From mnist, held out.
   again = digit5.build(options)
   for a, b in zip(task.clients, again.clients):
@@ -128,13 +146,11 @@ def test_domain_folders_split_50_25_25(tmp_path, module):
     assert sorted(np.bincount(together)) == [4] * 10  # Every image once.
   # Client i holds domain i's images, with their labels (each folder's
   # images are drawn from a seed of its own: no two domains share one).
-  examples = lambda images, labels: sorted(
-      (int(label), image.tobytes()) for image, label in zip(images, labels))
   for domain, c in zip(module.DOMAINS, task.clients):
-    own = image_folder.load_class_folders(os.path.join(root, domain),
-                                          list(module.CLASSES), 32, 3)
-    assert examples(*own) == examples(
-        *(np.concatenate(part) for part in zip(c.train, c.val, c.test)))
+    assert _labelled(os.path.join(root, domain), module.CLASSES,
+                     32) == _examples(
+                         *(np.concatenate(part)
+                           for part in zip(c.train, c.val, c.test)))
   again = module.build(options)
   np.testing.assert_array_equal(again.clients[1].val[0], task.clients[1].val[0])
   bigger = module.build(TaskOptions(data_dir=root, image_size=64))
@@ -307,6 +323,13 @@ def test_cifar10_from_tfds_with_four_or_eight_clients():
   assert four.mean == cifar10.IMAGENET_MEAN
   assert eight.num_clients == 8
   assert sum(len(c.train[1]) for c in eight.clients) == 160
+  # Dirichlet's clients differ in size and lean to a few classes; IID's
+  # are equal and mixed.
+  assert len({len(c.train[1]) for c in eight.clients}) > 1
+  assert len({len(c.train[1]) for c in four.clients}) == 1
+  top = lambda task: np.mean([np.bincount(c.train[1], minlength=10).max() /
+                              len(c.train[1]) for c in task.clients])
+  assert top(eight) > top(four) + 0.1, (top(eight), top(four))
 
 
 def test_tfds_loader_keeps_only_the_labels_asked_for():

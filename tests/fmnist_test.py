@@ -70,7 +70,7 @@ def _options(tmp_path, **kwargs):
 
 
 def test_build_follows_protocol(tmp_path):
-  fake_data.write_fake_fmnist(str(tmp_path))
+  raw = fake_data.write_fake_fmnist(str(tmp_path))
   task = fmnist.build(_options(tmp_path, num_clients=4, train_per_client=25,
                                seed=3))
   assert task.num_clients == 4 and task.num_classes == 10
@@ -92,6 +92,14 @@ def test_build_follows_protocol(tmp_path):
   eval_sets = [keys(c.val) for c in task.clients] + [
       keys(c.test) for c in task.clients]
   assert len(set().union(*eval_sets)) == 40
+  # Each image keeps its own label (the file's labels are index % 10).
+  for split, parts in (('train', [c.train for c in task.clients]),
+                       ('t10k', [c.val for c in task.clients] +
+                        [c.test for c in task.clients])):
+    index = {image.astype(np.uint8).tobytes(): i for i, image in
+             enumerate(raw[f'{split}-images-idx3-ubyte'])}
+    for images, labels in parts:
+      assert [index[x[..., 0].tobytes()] % 10 for x in images] == list(labels)
   # Same seed, same partition; another seed, another.
   again = fmnist.build(_options(tmp_path, num_clients=4, train_per_client=25,
                                 seed=3))

@@ -137,6 +137,7 @@ def test_extractor_and_classifier_follow_pytorch_default_init(draw):
   code), both as Keras builds them and as `model_weights.sample_initial` (what
   every run uses) redraws them."""
   pooled = []  # Every value divided by its layer's bound.
+  biases = []  # The same, the biases alone.
   for model in (lenet.build_extractor(1), lenet.build_classifier(10)):
     values = (model.weights if draw == 'keras' else
               model_weights.sample_initial(model, tf.constant(7, tf.int64)))
@@ -153,14 +154,14 @@ def test_extractor_and_classifier_follow_pytorch_default_init(draw):
             variable.name)
       assert value.std() > 0, variable.name  # Biases too are random.
       pooled.append(value.ravel() / bound)
+      if kind.startswith('bias'):
+        biases.append(value.ravel() / bound)
   pooled = np.concatenate(pooled)  # Uniform in [-1, 1] as a whole.
   assert pooled.mean() == pytest.approx(0.0, abs=0.01)
   assert pooled.std() == pytest.approx(1 / np.sqrt(3), rel=0.02)
-  # Biases alone (6 to 120 values a layer): the same distribution.
-  biases = np.concatenate([
-      w.numpy().ravel() * np.sqrt(_FAN_IN[w.name.split('/')[0]])
-      for m in (lenet.build_extractor(1), lenet.build_classifier(10))
-      for w in m.weights if 'bias' in w.name])
+  # Biases alone (6 to 120 values a layer), as drawn: the same
+  # distribution.
+  biases = np.concatenate(biases)
   assert len(biases) == 6 + 16 + 120 + 84 + 10
   assert biases.std() == pytest.approx(1 / np.sqrt(3), rel=0.15)
 

@@ -163,15 +163,27 @@ def test_remote_worker_by_address(fedavg_process):
       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
     pool = workers.Workers.remote([f'localhost:{port}'])
-    algorithm = driver.Driver(TINY, NUM_CLIENTS, fedavg_process)
-    server_state, clients = algorithm.state()
-    data = [_data(i) for i in range(NUM_CLIENTS)]
-    _assert_identical(
-        fedavg_process.next(server_state, clients, data),
-        round_runner.RoundRunner(fedavg_process.parts, pool)(
-            server_state, clients, data))
     served_by = runtime.worker_processes(server.pid)
     assert len(served_by) == 1, served_by
+    algorithm = driver.Driver(TINY, NUM_CLIENTS, fedavg_process)
+    server_state, clients = algorithm.state()
+    # Enough images that a round's CPU time stands well above an idle
+    # worker's (0.01-0.02 s) and the clock's 0.01 s ticks.
+    data = [_data(i, n=256) for i in range(NUM_CLIENTS)]
+    # The round here first (a second time: the default context's worker
+    # started and warm), then on the remote worker, which must have done
+    # about that much work: the same results alone would not show that the
+    # round ran there.
+    fedavg_process.next(server_state, clients, data)
+    start = _cpu_by_pid()
+    expected = fedavg_process.next(server_state, clients, data)
+    here = sum(t - start.get(p, 0.0) for p, t in _cpu_by_pid().items())
+    remote_cpu = lambda: sum(served_by[0].cpu_times()[:2])
+    before = remote_cpu()
+    _assert_identical(expected, round_runner.RoundRunner(
+        fedavg_process.parts, pool)(server_state, clients, data))
+    there = remote_cpu() - before
+    assert there > here / 2, (there, here)
   finally:
     server.terminate()
     assert server.wait(timeout=20) is not None
