@@ -124,9 +124,13 @@ class OutputDirLock:
           f'--output_dir {output_dir!r} is in use by another run (pid '
           f'{holder}): wait for it to end, or stop it, before resuming '
           'there') from None
-    self._file.truncate(0)
-    self._file.write(str(os.getpid()))
-    self._file.flush()
+    try:
+      self._file.truncate(0)
+      self._file.write(str(os.getpid()))
+      self._file.flush()
+    except BaseException:  # A full disk, say: not held by a lost object.
+      self._file.close()
+      raise
 
   def __enter__(self):
     return self
