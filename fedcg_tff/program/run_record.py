@@ -144,8 +144,9 @@ def claim_output_dir(output_dir: str,
   """`prepare_output_dir` under the directory's lock: returns (whether the
   directory already held this run, the lock, held). The lock comes first:
   of two runs started on one directory at the same instant, the one
-  refused has written nothing (with run.json written before the lock, the
-  run that trains could find there the other's flags). A directory that
+  refused has written no run.json (at most the directory and the lock
+  file, if it came first); with run.json written before the lock, the run
+  that trains could find there the other's flags. A directory that
   is not a run's is refused before anything, even the lock file, is
   written into it."""
   _refuse_foreign(output_dir)
