@@ -149,6 +149,23 @@ def test_prepare_output_dir_refuses_foreign_or_different_runs(tmp_path):
   assert json.loads((new / 'run.json').read_text()) == definition
 
 
+def test_a_lock_whose_pid_cannot_be_written_is_released(tmp_path,
+                                                       monkeypatch):
+  """A full disk while the lock file gets the pid: the start fails, and
+  the lock is not left held by the half-made object (which the error's
+  traceback keeps alive)."""
+
+  def no_space():
+    raise OSError(errno.ENOSPC, 'No space left on device')
+
+  with monkeypatch.context() as patch:
+    patch.setattr(run_record.os, 'getpid', no_space)
+    with pytest.raises(OSError, match='No space left') as failed:
+      run_record.OutputDirLock(str(tmp_path))
+  with run_record.OutputDirLock(str(tmp_path)):  # Free again.
+    assert failed.value is not None
+
+
 def test_a_start_refused_by_the_lock_writes_nothing(tmp_path):
   """Two runs started on one directory: the one that does not get the lock
   leaves the directory as it was (run.json is written under the lock)."""
