@@ -124,6 +124,22 @@ def test_dropped_context_stops_its_worker_when_sigint_is_ignored():
   assert not any(binary_runs.alive(p) for p in worker_pids)
 
 
+def test_a_context_left_unused_is_collected_quietly_at_exit():
+  """TFF's worker handle (`ServiceManager`) stops its worker in `__del__`,
+  which fails when it is collected at exit, on torn-down modules ("'NoneType'
+  object has no attribute 'Popen'", printed as an exception ignored):
+  runtime switches that `__del__` off. A binary that sets its context and
+  then stops at bad input leaves such a handle."""
+  script = (f'import sys; sys.path.insert(0, {ROOT!r})\n'
+            'from fedcg_tff.execution import runtime\n'
+            'runtime.set_local_cpp_context()\n')
+  done = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                        text=True, timeout=120,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert 'Exception ignored' not in done.stderr, done.stderr[-3000:]
+
+
 def test_shutdown_workers_is_idempotent_without_workers():
   runtime.shutdown_workers()
   assert runtime.shutdown_workers() == 0
