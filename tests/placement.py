@@ -80,8 +80,9 @@ def _intrinsic_protos(message):
   """Every intrinsic inside a computation proto, in no particular order.
 
   Walks the proto itself: `to_building_block` would rebuild (and
-  type-check) every node of a process, about a second for FedCG's `next`
-  on Zen 1, where only the intrinsics' types are needed."""
+  type-check) every node of a process (0.7 s for FedCG's LeNet `next` on
+  Zen 1, against 0.1 s for this walk), where only the intrinsics' types are
+  needed."""
   for field, value in message.ListFields():
     if (field.type != field.TYPE_MESSAGE or field.name in _LEAF_FIELDS):
       continue
