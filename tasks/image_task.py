@@ -24,6 +24,8 @@ import operator
 import numpy as np
 import tensorflow as tf
 
+from fedcg_tff import graph_code
+
 EVAL_BATCH_SIZE = 500
 # Largest per-client cache of prepared (float32) training images.
 MAX_CACHE_BYTES = 256 * 2**20
@@ -161,6 +163,7 @@ class FederatedImageTask:
                                      rerandomize_each_iteration=True)
       flip = True
 
+    @graph_code.plain  # Its Python `if`s are on Python values.
     def transform(example, draw):
       image, label = example
       if not prepared:
@@ -281,6 +284,7 @@ def resize_uint8(image, image_size: int):
   return tf.cast(tf.clip_by_value(tf.round(x), 0, 255), tf.uint8)
 
 
+@graph_code.plain  # Each client's pipeline traces it: see graph_code.
 def _prepare(image, image_size, mean, std):
   """uint8 HWC -> float32, resized to `image_size`, normalised."""
   x = tf.cast(image, tf.float32)
