@@ -349,6 +349,38 @@ def test_disk_store_leaves_a_file_it_may_not_read_in_place(tmp_path,
   assert os.listdir(tmp_path) == ['client_00000.r000001.npz']
 
 
+def test_a_damaged_client_file_stops_counting_once_its_round_is_redone(
+    tmp_path):
+  """A resume sets client 0's damaged file of round 2 aside and falls back;
+  round 2 is redone and client 0 is not sampled after it. If that redone
+  file is later lost, the next resume must stop naming the client
+  (`MissingState`), not take the old damaged copy for its damage and fall
+  back before round 2 (to round 1 if no save that old is kept). Every
+  damaged copy is kept."""
+  initialize = lambda ids: [_toy_state(-i) for i in ids]
+  open_store = lambda: client_store.DiskClientStore(str(tmp_path), 2,
+                                                    initialize, _toy_state(0))
+  store = open_store()
+  store.save(1, [0, 1], [_toy_state(10), _toy_state(11)])
+  trained = {0: (1, 2), 1: (1, 3)}  # Client 0 sampled last in round 2.
+  for attempt in (1, 2):  # Damaged twice, each time found and redone.
+    store.save(2, [0], [_toy_state(20)])
+    (tmp_path / 'client_00000.r000002.npz').write_bytes(b'not a zip')
+    with pytest.raises(checkpoint.DamagedState, match='round 2'):
+      store.check()
+    store.discard_after(1)  # The resume's fallback to round 1.
+  store.save(2, [0], [_toy_state(22)])
+  store.save(3, [1], [_toy_state(31)])
+  store.require(trained, 3)  # Every state there.
+  assert sorted(n for n in os.listdir(tmp_path) if 'damaged' in n) == [
+      'redone_damaged_client_00000.r000002.npz',
+      'redone_damaged_client_00000.r000002.npz.2']
+  os.remove(tmp_path / 'client_00000.r000002.npz')
+  with pytest.raises(client_store.MissingState,
+                     match='client 0 was trained in rounds 1 to 2'):
+    open_store().require(trained, 3)
+
+
 # ---------------------------------------------------------------------------
 # Rounds with 52 tiny clients, 5 a round.
 
@@ -587,10 +619,12 @@ def test_resume_passes_over_a_damaged_newest_save(process, tmp_path,
   assert 'the saved state of round 3 (' in said and ') is damaged' in said
   assert str(bad) in said, said
   # Set aside under its own name: the checkpoint, or the client's file
-  # (whose round-3 checkpoint is then set aside with it).
+  # (whose round-3 checkpoint is then set aside with it); the client's
+  # round, redone, renamed that copy `redone_damaged_` (still kept).
   assert os.path.exists(tmp_path / 'broken' / 'ckpt' / 'damaged_round_3')
   if not damaged.startswith('checkpoint'):
-    assert os.path.exists(bad.parent / f'damaged_{bad.name}')
+    assert not os.path.exists(bad.parent / f'damaged_{bad.name}')
+    assert os.path.exists(bad.parent / f'redone_damaged_{bad.name}')
   earlier = list((tmp_path / 'broken').glob('earlier_attempt_*'))
   if damaged == 'older_client_file':
     assert 'the run starts over' in said, said

@@ -79,12 +79,12 @@ NOT_DAMAGE = (tf.errors.ResourceExhaustedError, tf.errors.PermissionDeniedError,
               PermissionError, InterruptedError)
 
 
-def set_aside(path: str) -> str:
-  """Renames the damaged save or file `path` to `damaged_<its name>` beside
-  it, or `damaged_<its name>.2`, `.3`, ... if that is taken (an earlier
-  damaged copy is never replaced); returns the new path."""
+def set_aside(path: str, prefix: str = 'damaged_') -> str:
+  """Renames the damaged save or file `path` to `<prefix><its name>` beside
+  it, or `<prefix><its name>.2`, `.3`, ... if that is taken (an earlier
+  copy is never replaced); returns the new path."""
   parent, name = os.path.split(path)
-  aside = os.path.join(parent, f'damaged_{name}')
+  aside = os.path.join(parent, f'{prefix}{name}')
   taken, n = aside, 1
   while os.path.exists(taken):
     n += 1

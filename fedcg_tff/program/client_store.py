@@ -219,7 +219,15 @@ class DiskClientStore:
     durable before that round's checkpoint can be written, so a checkpoint
     never refers to client states a power loss could take back. Versions
     older than the newest `KEEP` are then deleted.
+
+    A state written again (its round redone after a resume fell back from
+    a damaged copy) renames that copy `redone_damaged_<file>`: still kept,
+    but no longer taken by `require` for damage of the state now stored
+    (a later loss of this file would otherwise make a resume fall back,
+    perhaps to round 1, instead of stopping at `MissingState`).
     """
+    damaged = [n for n in os.listdir(self.directory)
+               if n.startswith('damaged_')]
     for i, state in zip(ids, states, strict=True):
       path = self.path(i, rounds_done)
       tmp = f'{path}.tmp'
@@ -228,6 +236,9 @@ class DiskClientStore:
         f.flush()
         os.fsync(f.fileno())
       os.replace(tmp, path)
+      name = os.path.basename(path)
+      for stale in (n for n in damaged if n.startswith(f'damaged_{name}')):
+        checkpoint.set_aside(os.path.join(self.directory, stale), 'redone_')
       versions = self._versions.setdefault(i, [])
       if rounds_done not in versions:
         versions.append(rounds_done)
@@ -279,7 +290,8 @@ class DiskClientStore:
 
     Raises `checkpoint.DamagedState` (for round `last`: the resume falls
     back to a save before it) if that file was set aside as damaged, by a
-    resume that a crash stopped before it set the checkpoint aside too;
+    resume that a crash stopped before it set the checkpoint aside too (a
+    copy whose round was redone since is no longer `damaged_`: `save`);
     else `MissingState` naming the client (its files deleted or moved):
     resuming would silently give it an older or its initial state."""
     for client, (first, last) in sorted(trained.items()):
