@@ -255,12 +255,14 @@ def _shutdown_at_exit() -> None:
 def _disarm_service_managers() -> None:
   """Replaces the `__del__` of TFF's live `ServiceManager`s (one class per
   TFF context) with a no-op: their workers are stopped by us, and theirs
-  would fail on an already-reaped process (`ProcessLookupError`).
+  fails when collected at exit, on torn-down modules ("'NoneType' object
+  has no attribute 'Popen'", printed as an exception ignored).
 
   The class is local to TFF's executor factory, one per factory call, with
-  no base: it is found among `object`'s live subclasses (a few thousand),
-  not by walking every object the collector tracks, which took about a
-  second in a process that had traced a few algorithms (Zen 1)."""
+  no base: it is found among `object`'s live subclasses (3000, 1 ms), not
+  by walking every object the collector tracks (0.33 s for the 600 000 of
+  a process that had built FedCG and FedAvg, Zen 1; more in a test
+  process that has built dozens)."""
   if 'tensorflow_federated' not in sys.modules:
     return
   for cls in object.__subclasses__():
