@@ -236,13 +236,13 @@ class DiskClientStore:
         f.flush()
         os.fsync(f.fileno())
       os.replace(tmp, path)
-      name = os.path.basename(path)
-      for stale in (n for n in damaged if n.startswith(f'damaged_{name}')):
-        checkpoint.set_aside(os.path.join(self.directory, stale), 'redone_')
       versions = self._versions.setdefault(i, [])
       if rounds_done not in versions:
         versions.append(rounds_done)
         versions.sort()
+      name = os.path.basename(path)
+      for stale in (n for n in damaged if n.startswith(f'damaged_{name}')):
+        checkpoint.set_aside(os.path.join(self.directory, stale), 'redone_')
     run_record.sync_directory(self.directory)
     for i in ids:
       versions = self._versions[i]
