@@ -363,7 +363,7 @@ def test_a_damaged_client_file_stops_counting_once_its_round_is_redone(
   store = open_store()
   store.save(1, [0, 1], [_toy_state(10), _toy_state(11)])
   trained = {0: (1, 2), 1: (1, 3)}  # Client 0 sampled last in round 2.
-  for attempt in (1, 2):  # Damaged twice, each time found and redone.
+  for _ in range(2):  # Damaged twice, each time found and redone.
     store.save(2, [0], [_toy_state(20)])
     (tmp_path / 'client_00000.r000002.npz').write_bytes(b'not a zip')
     with pytest.raises(checkpoint.DamagedState, match='round 2'):
