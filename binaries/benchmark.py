@@ -53,6 +53,7 @@ from binaries import common
 from fedcg_tff.execution import devices
 from fedcg_tff.execution import flops
 from fedcg_tff.execution import runtime
+from fedcg_tff.models import small_conv
 
 flags.DEFINE_integer('num_clients', 4, 'Number of FMNIST clients (as '
                      "run_fedcg's flag, whose name the task's errors use).")
@@ -216,6 +217,10 @@ def main(argv):
                         for p in runtime.worker_processes()]}
   result = {
       'host': devices.host_cpu(),
+      # Read where the round was traced: these choices are tuned per host
+      # kind (`small_conv.host_tuned_choices`).
+      'kernel_choices': {'oriented_products': small_conv.ORIENTED_PRODUCTS,
+                         'banded_convs': small_conv.BANDED_CONVS},
       'commit': code_commit(),
       'flags': {name: FLAGS[name].value for name in (
           'clients', 'train_per_client', 'batch_size', 'local_epochs',
@@ -235,7 +240,8 @@ def main(argv):
       'peak_rss_bytes': memory,
   }
 
-  print(f'\nhost: {result["host"]}; mean of {len(rows)} timed round(s):')
+  print(f'\nhost: {result["host"]}; kernels for it: '
+        f'{result["kernel_choices"]}; mean of {len(rows)} timed round(s):')
   labels = [
       ('client_stage1_s', 'client stage 1 (sum over clients)'),
       ('client_stage2_s', 'client stage 2 (sum over clients)'),

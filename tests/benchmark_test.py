@@ -38,6 +38,10 @@ def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
 
   result = json.loads(out.read_text())
   assert result['host'] == devices.host_cpu()
+  # small_conv.host_tuned_choices: both AVX2 kernel tricks, or neither.
+  avx2_tricks = not devices.runs_avx512_kernels()
+  assert result['kernel_choices'] == {'oriented_products': avx2_tricks,
+                                      'banded_convs': avx2_tricks}
   # The code timed: this checkout's commit (None outside a git checkout).
   head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=binary_runs.ROOT,
                         capture_output=True, text=True)

@@ -50,6 +50,14 @@ def _assert_all_close(got, want):
     np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=0, atol=1e-5 * scale)
 
 
+@pytest.fixture
+def avx2_choices(monkeypatch):
+  """The AVX2 hosts' kernel choices (swapped products, the banded conv1),
+  whatever this host is, for the tests of those mechanisms."""
+  monkeypatch.setattr(small_conv, 'ORIENTED_PRODUCTS', True)
+  monkeypatch.setattr(small_conv, 'BANDED_CONVS', True)
+
+
 SHAPES = [  # (batch, height, width, c_in, kernel h, kernel w, c_out)
     (8, 3, 3, 256, 2, 2, 512),
     (3, 5, 4, 7, 2, 3, 5),
@@ -174,6 +182,7 @@ def _ops(fn, *signature):
 @pytest.mark.parametrize('rows,weights,swapped', [
     (32, (1024, 512), True), (256, (1024, 512), True),
     (257, (1024, 512), False), (32, (128, 104), False)])
+@pytest.mark.usefixtures('avx2_choices')
 def test_times_transposed_swaps_few_rows_by_a_large_matrix(rows, weights,
                                                            swapped):
   """(b a^T)^T where oneDNN runs it faster (ORIENT_MAX_ROWS), else a b^T;
@@ -189,6 +198,7 @@ def test_times_transposed_swaps_few_rows_by_a_large_matrix(rows, weights,
                     [tf.matmul(a, b, transpose_b=True)])
 
 
+@pytest.mark.usefixtures('avx2_choices')
 def test_times_transposed_chooses_when_run_if_rows_unknown():
   """Both branches give the same values, so which one ran is read from the
   graph: the swap (a Transpose) must sit in the branch taken at up to
@@ -222,6 +232,7 @@ def test_times_transposed_can_be_turned_off(monkeypatch):
 
 
 @pytest.mark.parametrize('batch', [8, 80])
+@pytest.mark.usefixtures('avx2_choices')
 def test_convs_with_unknown_batch_match_tf_in_both_orientations(batch):
   """As in the GAN step (batch unknown when traced): conv2d's input
   gradient and conv2d_transpose's product go through times_transposed's
@@ -324,6 +335,7 @@ def test_paired_spectral_norm_conv_equals_two_calls(iterations, strides,
 
 
 @pytest.mark.parametrize('channels', [1, 3])
+@pytest.mark.usefixtures('avx2_choices')
 def test_banded_conv_layer_matches_keras_layer(channels):
   """In a functional model (batch unknown), values and gradients: the
   banded product on one input channel, Keras' own conv on three."""
@@ -342,6 +354,7 @@ def test_banded_conv_layer_matches_keras_layer(channels):
   assert ('Conv2D' in convs) == (channels != 1)
 
 
+@pytest.mark.usefixtures('avx2_choices')
 def test_lenet_extractor_runs_its_first_conv_banded():
   """E's conv1 (one input channel) as the banded product, its conv2 as
   oneDNN's convolution."""
@@ -358,3 +371,38 @@ def test_lenet_extractor_runs_its_first_conv_banded():
                               tf.keras.Input((64, 64, 1)))
   assert not small_conv.bands(extractor.get_layer('conv1'),
                               tf.keras.Input((2, 32, 32, 1)))
+
+
+_AVX2_HOST = ('vendor_id\t: AuthenticAMD\ncpu family\t: 25\n'
+              'flags\t\t: fpu fma avx2\n')
+_AVX512_HOST = ('vendor_id\t: GenuineIntel\ncpu family\t: 6\n'
+                'flags\t\t: fpu fma avx2 avx512f avx512dq avx512cd avx512bw '
+                'avx512vl\n')
+
+
+def test_the_avx2_tricks_are_chosen_on_avx2_hosts_only():
+  """Both tricks speed up oneDNN's AVX2 kernels and slow its AVX-512 ones
+  (measured on Zen 3, Zen 1 and an Intel Xeon): chosen by the ISA oneDNN
+  dispatches on, and this host's choice is the one its flags give."""
+  assert small_conv.host_tuned_choices(_AVX2_HOST) == (True, True)
+  assert small_conv.host_tuned_choices(_AVX512_HOST) == (False, False)
+  # AVX-512 without the byte/word and vector-length extensions (Xeon Phi)
+  # gets no oneDNN AVX-512 kernels for this.
+  knl = _AVX512_HOST.replace(' avx512bw avx512vl', '')
+  assert small_conv.host_tuned_choices(knl) == (True, True)
+  with open('/proc/cpuinfo') as f:
+    here = small_conv.host_tuned_choices(f.read())
+  assert (small_conv.ORIENTED_PRODUCTS, small_conv.BANDED_CONVS) == here
+
+
+def test_without_banding_the_lenet_extractor_runs_tfs_convolutions(
+    monkeypatch):
+  """The AVX-512 hosts' choice for E's conv1: oneDNN's convolution (the
+  products' orientation: test_times_transposed_can_be_turned_off)."""
+  monkeypatch.setattr(small_conv, 'BANDED_CONVS', False)
+  extractor = lenet.build_extractor()
+  assert not small_conv.bands(extractor.get_layer('conv1'),
+                              tf.keras.Input((32, 32, 1)))
+  ops = _ops(lambda x: extractor(x, training=False),
+             tf.TensorSpec([None, 32, 32, 1]))
+  assert ops.count('Conv2D') == 2 and 'MatMul' not in ops

@@ -130,6 +130,24 @@ def _vector_unit(processor: dict[str, str]) -> tuple[str, int]:
   return 'no AVX2', 8
 
 
+# What oneDNN needs of a CPU to run its AVX-512 kernels (its `avx512_core`
+# ISA); it picks every kernel by the ISA the CPU reports, not by vendor.
+_ONEDNN_AVX512_FLAGS = ('avx512f', 'avx512bw', 'avx512vl', 'avx512dq')
+
+
+def runs_avx512_kernels(cpuinfo: str | None = None) -> bool:
+  """Whether TensorFlow's oneDNN runs its AVX-512 kernels on this host (or
+  on the one `cpuinfo`'s text describes): the key of the kernel choices
+  tuned per host kind (`small_conv.host_tuned_choices`). Zen 4 counts,
+  its 512-bit operations split in two notwithstanding: oneDNN dispatches
+  on the flags. False where /proc/cpuinfo cannot be read."""
+  try:
+    flags = cpu_processors(cpuinfo)[0].get('flags', '').split()
+  except OSError:
+    return False
+  return all(flag in flags for flag in _ONEDNN_AVX512_FLAGS)
+
+
 def usable_cpus() -> int:
   """The CPUs this process may run on (its affinity, which a container's
   cpuset limits; `os.cpu_count()` counts the host's)."""

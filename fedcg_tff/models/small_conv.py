@@ -21,28 +21,56 @@ same sums, accumulated in another order, so results agree to float rounding;
 Their gradients are TensorFlow's own for the slices, pads, tiles and
 transposes and, for `conv2d`'s and `conv2d_transpose`'s products, the
 products TensorFlow's gradient takes, a @ b^T among them run in the
-orientation `times_transposed` picks (measured on one host kind: see
-ORIENT_MAX_ROWS); `banded_conv2d`'s product is a plain `tf.matmul`.
+orientation `times_transposed` picks (see ORIENT_MAX_ROWS);
+`banded_conv2d`'s product is a plain `tf.matmul`. Both tricks are for
+oneDNN's AVX2 kernels, and are off where it runs AVX-512 ones
+(`host_tuned_choices`).
 `applies` says when a Keras layer and its input allow them.
 """
 
 import tensorflow as tf
 
 from fedcg_tff import graph_code
+from fedcg_tff.execution import devices
 
-# Whether `times_transposed` may compute a @ b^T as (b @ a^T)^T; read at
-# trace time (False only to compare the two: tests, benchmarks).
-ORIENTED_PRODUCTS = True
-# When it does: a has at most this many rows and b at least this many
-# elements. On the AMD EPYC Zen 3 host (AVX2, 2026-12-05; one thread, best
-# of 5 x 200 calls; benchmarks/small_conv_benchmark.py, figures in
-# results/benchmarks/product_orientation_amd_zen3_avx2_20261205.txt), TF's
-# oneDNN sgemm ran a @ b^T with a [32, 512] and b [1024, 512] (G's second
-# transposed conv, D's third conv's input gradient at batch 8) at 15
-# GFLOP/s and its swap at 82; at batch 16 (a [64, 512]) at 22 and 81. At
-# 512 or more rows of a, or b of 8-13 k weights (D's first conv, G's
-# last), the swap was the slower, by up to 1.6x. The other hosts were not
-# measured.
+
+def host_tuned_choices(cpuinfo: str | None = None) -> tuple[bool, bool]:
+  """(ORIENTED_PRODUCTS, BANDED_CONVS) for this host (or the one
+  `cpuinfo`'s /proc/cpuinfo text describes): both where oneDNN runs its
+  AVX2 kernels, neither where it runs its AVX-512 ones.
+
+  Each speeds up a slow oneDNN AVX2 kernel, and oneDNN picks its kernels
+  by the ISA the CPU reports (`devices.runs_avx512_kernels`). Measured on
+  the AVX2 hosts (AMD Zen 3 and Zen 1, 2026-12-05; see ORIENT_MAX_ROWS and
+  `bands`), both won. On an Intel Xeon with AVX-512 (family 6 model 167,
+  2026-12-06, one thread, batch 8; `benchmarks/small_conv_benchmark.py`,
+  results/benchmarks/kernel_choices_intel_avx512_model167_20261206.txt)
+  each lost: oneDNN's AVX-512 sgemm ran a @ b^T directly faster than
+  swapped at every shape the rule swaps but one (by up to 1.25x; 5% the
+  other way at a [32, 512] by b [1024, 512]), and its direct convolution
+  ran E's conv1 in 0.10 / 0.22 ms (forward / with the kernel gradient)
+  against 0.24 / 0.38 ms banded. One client's GAN epoch took 3.61 s with
+  neither against 3.84 s with both, a stage-1 epoch 0.56 against 0.64 s
+  (medians of 5).
+  The AMD AVX-512 hosts (Zen 4, Zen 5) follow the key unmeasured.
+  """
+  avx512 = devices.runs_avx512_kernels(cpuinfo)
+  return not avx512, not avx512
+
+
+# Whether `times_transposed` may compute a @ b^T as (b @ a^T)^T, and whether
+# `bands` may pick `banded_conv2d`; read at trace time, set for the host
+# (tests and benchmarks set them to compare or pin a choice).
+ORIENTED_PRODUCTS, BANDED_CONVS = host_tuned_choices()
+# When `times_transposed` swaps: a has at most this many rows and b at least
+# this many elements. On the AMD EPYC Zen 3 host (AVX2, 2026-12-05; one
+# thread, best of 5 x 200 calls; benchmarks/small_conv_benchmark.py,
+# figures in results/benchmarks/product_orientation_amd_zen3_avx2_20261205.txt),
+# TF's oneDNN sgemm ran a @ b^T with a [32, 512] and b [1024, 512] (G's
+# second transposed conv, D's third conv's input gradient at batch 8) at
+# 15 GFLOP/s and its swap at 82; at batch 16 (a [64, 512]) at 22 and 81.
+# At 512 or more rows of a, or b of 8-13 k weights (D's first conv, G's
+# last), the swap was the slower, by up to 1.6x.
 ORIENT_MAX_ROWS = 256
 ORIENT_MIN_WEIGHTS = 65536
 # `bands`' widest input (the measured one: LeNet's 32x32 images).
@@ -97,9 +125,11 @@ def bands(layer: tf.keras.layers.Layer, inputs) -> bool:
   0.490 ms banded. On 3 input channels the two were about even (0.711 /
   1.573 against 0.764 / 1.510 ms), and E's conv2 (6 channels) was 1.4-1.9x
   slower banded: those keep oneDNN's kernel. Wider images were not
-  measured: the product's extra work grows with width / kw.
+  measured: the product's extra work grows with width / kw. Only where
+  BANDED_CONVS (not on AVX-512 hosts: `host_tuned_choices`).
   """
-  return (applies(layer, inputs) and inputs.shape[-1] == 1 and
+  return (BANDED_CONVS and applies(layer, inputs) and
+          inputs.shape[-1] == 1 and
           inputs.shape[2] <= BANDED_MAX_WIDTH)
 
 
