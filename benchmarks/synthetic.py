@@ -1,12 +1,17 @@
 """The benchmarks' stand-in for one FMNIST client: 2000 seeded random
 32x32 images and labels, batched and cached (timing needs the shapes, not
 the pixels), without tf.data's autotuning as the clients' own pipelines
-(`tasks.image_task.without_autotune`), and one client's GAN epoch on it."""
+(`tasks.image_task.without_autotune`), and one client's GAN epoch on it.
+
+Importing it loads TFF (the optimizers), so it loads `runtime` too, for its
+exit hook: the benchmarks using it exit without TFF's `ServiceManager`
+traceback."""
 
 import numpy as np
 import tensorflow as tf
 
 from fedcg_tff.algorithms import fedcg_tf
+from fedcg_tff.execution import runtime  # pylint: disable=unused-import
 from tasks import image_task
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from fedcg_tff.execution import runtime
 from tests import binary_runs
+from tests import build_graph
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -138,6 +139,35 @@ def test_a_context_left_unused_is_collected_quietly_at_exit():
                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
   assert done.returncode == 0, done.stderr[-3000:]
   assert 'Exception ignored' not in done.stderr, done.stderr[-3000:]
+
+
+def _reached(path: str) -> tuple[set[str], set[str]]:
+  """(local files, third-party requirements) `path` imports, transitively."""
+  seen, third, todo = set(), set(), [path]
+  while todo:
+    current = todo.pop()
+    if current not in seen:
+      seen.add(current)
+      local, packages = build_graph.imports(current)
+      third |= packages
+      todo += local
+  return seen, third
+
+
+def test_every_entry_point_that_loads_tff_loads_this_module():
+  """A binary or benchmark whose imports reach TFF imports `runtime` too:
+  its exit hook stops the workers and quiets TFF's `ServiceManager.__del__`
+  (the test above), which otherwise prints a traceback at every exit, as
+  `benchmarks/small_conv_benchmark.py` did. Read off the import graph
+  `tests/build_graph` builds BUILD from."""
+  loads_tff = []
+  for path in build_graph.source_files():
+    if build_graph.kind(path) == 'py_binary':
+      seen, third = _reached(path)
+      if 'tensorflow-federated' in third:
+        loads_tff.append(path)
+        assert 'fedcg_tff/execution/runtime.py' in seen, path
+  assert 'benchmarks/small_conv_benchmark.py' in loads_tff
 
 
 def test_shutdown_workers_is_idempotent_without_workers():
