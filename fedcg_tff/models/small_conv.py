@@ -49,9 +49,10 @@ def host_tuned_choices(cpuinfo: str | None = None) -> tuple[bool, bool]:
   swapped at every shape the rule swaps but one (by up to 1.25x; 5% the
   other way at a [32, 512] by b [1024, 512]), and its direct convolution
   ran E's conv1 in 0.10 / 0.22 ms (forward / with the kernel gradient)
-  against 0.24 / 0.38 ms banded. One client's GAN epoch took 3.61 s with
-  neither against 3.84 s with both, a stage-1 epoch 0.56 against 0.64 s
-  (medians of 5).
+  against 0.24 / 0.38 ms banded. An epoch gained little: one client's GAN
+  epoch 3.55 s with neither against 3.63 s with both, a stage-1 epoch
+  0.59 against 0.58 s (one thread, medians of 15 interleaved runs; a
+  first run of 5 had shown 3.61 against 3.84 s and 0.56 against 0.64 s).
   The AMD AVX-512 hosts (Zen 4, Zen 5) follow the key unmeasured.
   """
   avx512 = devices.runs_avx512_kernels(cpuinfo)
