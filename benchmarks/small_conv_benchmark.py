@@ -7,13 +7,17 @@ the ResNet one (4x4 kernels), at batch 8 on one intra-op thread (as in a
 TFF worker running one client per core), prints the CPU time of a forward
 pass plus both gradients, in a compiled loop, with `tf.nn.conv2d` /
 `tf.nn.conv2d_transpose` and with `small_conv`, its products in the
-orientation `small_conv.times_transposed` picks and in TF's own; then
-E's 5x5 convolutions with `tf.nn.conv2d` and as `small_conv.banded_conv2d`
-(forward, and forward + kernel gradient); then
-a @ b^T both ways for the GAN's shapes of it (few rows in a, a weight
-matrix b), which is what ORIENT_MAX_ROWS and ORIENT_MIN_WEIGHTS rest on;
-then the CPU time of a whole FedCG GAN epoch (2000 images) with the Keras
-layers and with ours.
+orientation `small_conv.times_transposed`'s AVX2 rule picks and in TF's
+own; then E's 5x5 convolutions with `tf.nn.conv2d` and as
+`small_conv.banded_conv2d` (forward, and forward + kernel gradient) and
+which one the AVX2 rule picks; then a @ b^T both ways for the GAN's shapes
+of it (few rows in a, a weight matrix b), which is what ORIENT_MAX_ROWS
+and ORIENT_MIN_WEIGHTS rest on; then the CPU time of a whole FedCG GAN
+epoch (2000 images) with the Keras layers and with ours, as this host
+runs them. The tables pin the AVX2 hosts' choices whatever the host
+(`small_conv.host_tuned_choices` turns both off where oneDNN runs AVX-512
+kernels), so they show on any host what the rule picks and what each way
+costs; the first line says what this host runs.
 """
 
 import time
@@ -23,6 +27,7 @@ import tensorflow as tf
 
 from benchmarks import synthetic
 from fedcg_tff.config import FedCGConfig
+from fedcg_tff.execution import devices
 from fedcg_tff.models import layers
 from fedcg_tff.models import small_conv
 
@@ -160,6 +165,19 @@ def _gan_epoch_cpu_seconds(repeats=5):
   return {name: float(np.median(t)) for name, t in times.items()}
 
 
+def _avx2_rule(fn):
+  """fn() with the AVX2 hosts' choices (swapped products where
+  ORIENT_MAX_ROWS says, E's conv1 banded), whatever this host's
+  (`small_conv.host_tuned_choices`): the tables show what that rule picks
+  and what each way costs here."""
+  previous = small_conv.ORIENTED_PRODUCTS, small_conv.BANDED_CONVS
+  small_conv.ORIENTED_PRODUCTS, small_conv.BANDED_CONVS = True, True
+  try:
+    return fn()
+  finally:
+    small_conv.ORIENTED_PRODUCTS, small_conv.BANDED_CONVS = previous
+
+
 def _tf_oriented(fn, *args):
   """fn(*args) with small_conv's products traced in TF's orientation."""
   previous = small_conv.ORIENTED_PRODUCTS
@@ -175,6 +193,19 @@ def main():
   tf.config.threading.set_intra_op_parallelism_threads(1)
   tf.config.threading.set_inter_op_parallelism_threads(1)
   rng = np.random.default_rng(0)
+  print(f'{devices.host_cpu()}: this host runs ORIENTED_PRODUCTS='
+        f'{small_conv.ORIENTED_PRODUCTS}, BANDED_CONVS='
+        f'{small_conv.BANDED_CONVS} (small_conv.host_tuned_choices); the '
+        "tables' small_conv and picked columns are the AVX2 rule's")
+  _avx2_rule(lambda: _tables(rng))
+  epoch = _gan_epoch_cpu_seconds()
+  print('GAN epoch (2000 images, batch 8), median CPU s: '
+        f'Keras layers {epoch["keras"]:.2f}, '
+        f'small_conv {epoch["small_conv"]:.2f} (this host\'s choices)')
+
+
+def _tables(rng):
+  """The per-convolution, banded and orientation tables."""
   print(f'forward + both gradients, batch {BATCH}, CPU ms per step:')
   print('  kind       input         kernel   tf.nn  small_conv  '
         "(TF's orientation)")
@@ -198,10 +229,6 @@ def main():
             f'{_tf_oriented(_cpu_ms_per_step, ours, x, kernel):6.3f}')
   _banded_table(rng)
   _orientation_table(rng)
-  epoch = _gan_epoch_cpu_seconds()
-  print('GAN epoch (2000 images, batch 8), median CPU s: '
-        f'Keras layers {epoch["keras"]:.2f}, '
-        f'small_conv {epoch["small_conv"]:.2f}')
 
 
 if __name__ == '__main__':

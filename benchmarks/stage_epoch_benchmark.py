@@ -6,13 +6,16 @@ speed change chooses between, timed interleaved (this VM's speed drifts).
   TF_ENABLE_ONEDNN_OPTS=0 .venv/bin/python -m benchmarks.stage_epoch_benchmark
 
 Variants: D's real and fake passes paired into one stacked call
-(`layers.paired_passes`, the default) or as two calls; the GAN's products
-in the orientation oneDNN runs fastest (`small_conv.times_transposed`, the
-default) or in TF's own; stage 1's frozen G run on a chunk of steps'
+(`layers.paired_passes`, the default) or as two calls; the two kernel
+choices `small_conv.host_tuned_choices` makes for this host (the GAN's
+products swapped into the orientation oneDNN's AVX2 sgemm runs fastest,
+E's conv1 as a banded product: both on AVX2 hosts, neither on AVX-512
+ones) each flipped; stage 1's frozen G run on a chunk of steps'
 examples at once (`training_tf.FrozenNetworkLoss`: 512 examples a call,
 the default, or a whole epoch's 2000) or once a step (8 a call, as before
 the chunks); the same for a FedGen client's update (one local epoch, the
-frozen G feeding C). The host's CPU model is printed with the figures.
+frozen G feeding C). The host's CPU model is printed with the figures;
+each variant's name gives its settings.
 Random images stand in for FMNIST: the cost does not depend on pixel
 values.
 """
@@ -42,26 +45,43 @@ def main():
   config = FedCGConfig(local_epochs=1, gan_epochs=1)
   dataset = synthetic.client_dataset(config.batch_size)
   epochs = {}
-  flags = fedcg_tf.PAIRED_D_PASSES, small_conv.ORIENTED_PRODUCTS
-  for paired, oriented in ((True, True), (False, True), (True, False)):
-    # Both flags are read when the loop is traced.
-    fedcg_tf.PAIRED_D_PASSES = paired
-    small_conv.ORIENTED_PRODUCTS = oriented
+  flags = (fedcg_tf.PAIRED_D_PASSES, small_conv.ORIENTED_PRODUCTS,
+           small_conv.BANDED_CONVS)
+  _, oriented, banded = flags
+  settings = lambda paired, oriented, banded: (
+      f'{"paired" if paired else "two"} D passes, '
+      f'{"swapped" if oriented else "direct"} products, '
+      f'conv1 {"banded" if banded else "tf.nn"}')
+  # Each flag is read when a loop is traced. Stage 2 runs E on the real
+  # images, so the conv1 choice shows there too.
+  for paired, swaps, bands in ((True, oriented, banded),
+                               (False, oriented, banded),
+                               (True, not oriented, banded),
+                               (True, oriented, not banded)):
+    (fedcg_tf.PAIRED_D_PASSES, small_conv.ORIENTED_PRODUCTS,
+     small_conv.BANDED_CONVS) = paired, swaps, bands
     epoch = synthetic.gan_epoch(config, dataset)
     epoch()  # Trace.
-    name = f'stage 2, {"paired" if paired else "two"} D passes'
-    epochs[name + ('' if oriented else ", TF's product orientation")] = epoch
-  fedcg_tf.PAIRED_D_PASSES, small_conv.ORIENTED_PRODUCTS = flags
-  nets = fedcg_tf.PartyNetworks(config)
-  state = fedcg_tf.initial_client_state(config, 1)
+    epochs['stage 2, ' + settings(paired, swaps, bands)] = epoch
+  (fedcg_tf.PAIRED_D_PASSES, small_conv.ORIENTED_PRODUCTS,
+   small_conv.BANDED_CONVS) = flags
   default_chunk = training_tf.FROZEN_CHUNK_EXAMPLES
-  for chunk in (default_chunk, 2048, config.batch_size):
-    training_tf.FROZEN_CHUNK_EXAMPLES = chunk  # Read when the loop is traced.
-    name = f'stage 1, G on {chunk} examples a call'
-    epochs[name] = tf.function(lambda: fedcg_tf.train_classification(
-        nets, state.classification_optimizer, dataset, tf.constant(0.5),
-        state.seed, 0))
+  for chunk, bands in ((default_chunk, banded), (2048, banded),
+                       (config.batch_size, banded),
+                       (default_chunk, not banded)):
+    # Read when the loop is traced.
+    training_tf.FROZEN_CHUNK_EXAMPLES = chunk
+    small_conv.BANDED_CONVS = bands
+    nets = fedcg_tf.PartyNetworks(config)
+    state = fedcg_tf.initial_client_state(config, 1)
+    name = (f'stage 1, G on {chunk} examples a call, '
+            f'conv1 {"banded" if bands else "tf.nn"}')
+    epochs[name] = tf.function(
+        lambda nets=nets, state=state: fedcg_tf.train_classification(
+            nets, state.classification_optimizer, dataset, tf.constant(0.5),
+            state.seed, 0))
     epochs[name]()
+  small_conv.BANDED_CONVS = banded
   # FedGen's client (its frozen G feeds C): the update traces once per
   # networks object, so each chunk size gets its own.
   fedgen = baselines_tf.BASELINES['fedgen']
@@ -85,11 +105,12 @@ def main():
       epoch()
       times[name].append(time.process_time() - start)
   onednn = os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(default)')
-  print(f'{devices.host_cpu()}; TF_ENABLE_ONEDNN_OPTS={onednn}; one epoch '
+  print(f'{devices.host_cpu()}; TF_ENABLE_ONEDNN_OPTS={onednn}; this host '
+        f'runs {settings(*flags)}; one epoch '
         f'of one client, 2000 images, batch 8, one thread; median of {REPEATS} '
         'interleaved runs, CPU seconds:')
   for name, values in times.items():
-    print(f'  {name:56s} {np.median(values):6.2f} s  '
+    print(f"  {name:72s} {np.median(values):6.2f} s  "
           f'(range {min(values):.2f}-{max(values):.2f})')
 
 

@@ -380,19 +380,28 @@ _AVX512_HOST = ('vendor_id\t: GenuineIntel\ncpu family\t: 6\n'
                 'avx512vl\n')
 
 
-def test_the_avx2_tricks_are_chosen_on_avx2_hosts_only():
+def test_the_avx2_tricks_are_off_where_onednn_runs_avx512_kernels(
+    monkeypatch):
   """Both tricks speed up oneDNN's AVX2 kernels and slow its AVX-512 ones
   (measured on Zen 3, Zen 1 and an Intel Xeon): chosen by the ISA oneDNN
-  dispatches on, and this host's choice is the one its flags give."""
+  dispatches on, which ONEDNN_MAX_CPU_ISA can cap; this host's choice is
+  the one its flags give."""
+  with open('/proc/cpuinfo') as f:
+    here = small_conv.host_tuned_choices(f.read())
+  assert (small_conv.ORIENTED_PRODUCTS, small_conv.BANDED_CONVS) == here
+  monkeypatch.delenv('ONEDNN_MAX_CPU_ISA', raising=False)
+  monkeypatch.delenv('DNNL_MAX_CPU_ISA', raising=False)
   assert small_conv.host_tuned_choices(_AVX2_HOST) == (True, True)
   assert small_conv.host_tuned_choices(_AVX512_HOST) == (False, False)
   # AVX-512 without the byte/word and vector-length extensions (Xeon Phi)
   # gets no oneDNN AVX-512 kernels for this.
   knl = _AVX512_HOST.replace(' avx512bw avx512vl', '')
   assert small_conv.host_tuned_choices(knl) == (True, True)
-  with open('/proc/cpuinfo') as f:
-    here = small_conv.host_tuned_choices(f.read())
-  assert (small_conv.ORIENTED_PRODUCTS, small_conv.BANDED_CONVS) == here
+  # oneDNN capped at AVX2 runs its AVX2 kernels on an AVX-512 host.
+  monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX2')
+  assert small_conv.host_tuned_choices(_AVX512_HOST) == (True, True)
+  monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'avx512_core_amx')
+  assert small_conv.host_tuned_choices(_AVX512_HOST) == (False, False)
 
 
 def test_without_banding_the_lenet_extractor_runs_tfs_convolutions(

@@ -140,7 +140,13 @@ def runs_avx512_kernels(cpuinfo: str | None = None) -> bool:
   on the one `cpuinfo`'s text describes): the key of the kernel choices
   tuned per host kind (`small_conv.host_tuned_choices`). Zen 4 counts,
   its 512-bit operations split in two notwithstanding: oneDNN dispatches
-  on the flags. False where /proc/cpuinfo cannot be read."""
+  on the flags. False where /proc/cpuinfo cannot be read, and where this
+  process's environment caps oneDNN below AVX-512 (ONEDNN_MAX_CPU_ISA or
+  DNNL_MAX_CPU_ISA, e.g. AVX2, which its child processes inherit)."""
+  cap = (os.environ.get('ONEDNN_MAX_CPU_ISA') or
+         os.environ.get('DNNL_MAX_CPU_ISA') or 'ALL').upper()
+  if cap != 'ALL' and not cap.startswith(('AVX512', 'AVX10')):
+    return False
   try:
     flags = cpu_processors(cpuinfo)[0].get('flags', '').split()
   except OSError:

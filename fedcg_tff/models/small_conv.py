@@ -36,24 +36,28 @@ from fedcg_tff.execution import devices
 
 def host_tuned_choices(cpuinfo: str | None = None) -> tuple[bool, bool]:
   """(ORIENTED_PRODUCTS, BANDED_CONVS) for this host (or the one
-  `cpuinfo`'s /proc/cpuinfo text describes): both where oneDNN runs its
-  AVX2 kernels, neither where it runs its AVX-512 ones.
+  `cpuinfo`'s /proc/cpuinfo text describes): neither where oneDNN runs its
+  AVX-512 kernels (`devices.runs_avx512_kernels`), both elsewhere.
 
-  Each speeds up a slow oneDNN AVX2 kernel, and oneDNN picks its kernels
-  by the ISA the CPU reports (`devices.runs_avx512_kernels`). Measured on
-  the AVX2 hosts (AMD Zen 3 and Zen 1, 2026-12-05; see ORIENT_MAX_ROWS and
-  `bands`), both won. On an Intel Xeon with AVX-512 (family 6 model 167,
-  2026-12-06, one thread, batch 8; `benchmarks/small_conv_benchmark.py`,
+  Each works around a slow oneDNN AVX2 kernel, and oneDNN picks its
+  kernels by the ISA the CPU reports. Both won on the AVX2 hosts (AMD Zen 3,
+  see ORIENT_MAX_ROWS and `bands`; Zen 1,
+  results/benchmarks/zen1_amd_avx2_20261205.txt). On an Intel Xeon with
+  AVX-512 (family 6 model 167, 2026-12-06, one thread, batch 8;
+  `benchmarks/small_conv_benchmark.py`,
   results/benchmarks/kernel_choices_intel_avx512_model167_20261206.txt)
-  each lost: oneDNN's AVX-512 sgemm ran a @ b^T directly faster than
-  swapped at every shape the rule swaps but one (by up to 1.25x; 5% the
-  other way at a [32, 512] by b [1024, 512]), and its direct convolution
-  ran E's conv1 in 0.10 / 0.22 ms (forward / with the kernel gradient)
-  against 0.24 / 0.38 ms banded. An epoch gained little: one client's GAN
-  epoch 3.55 s with neither against 3.63 s with both, a stage-1 epoch
-  0.59 against 0.58 s (one thread, medians of 15 interleaved runs; a
-  first run of 5 had shown 3.61 against 3.84 s and 0.56 against 0.64 s).
-  The AMD AVX-512 hosts (Zen 4, Zen 5) follow the key unmeasured.
+  each lost at the kernel: oneDNN's AVX-512 sgemm ran a @ b^T directly
+  faster than swapped at every shape the rule swaps but one (by up to
+  1.25x; 5% the other way at a [32, 512] by b [1024, 512]), and its
+  direct convolution ran E's conv1 in 0.10 / 0.22 ms (forward / with the
+  kernel gradient) against 0.24 / 0.38 ms banded. The epochs gained
+  little: one client's GAN epoch 0-2% faster with neither, a stage-1
+  epoch within 2% either way, in two runs of 7 and 15 interleaved
+  repeats (a first run of 5 had shown 6% and 12%). Not measured: the
+  AMD AVX-512 hosts (Zen 4, Zen 5), the Intel model 106 host, and hosts
+  without AVX2 (they get the AVX2 hosts' choice). The choice is made
+  where the computations are traced (the driver): workers on another
+  host kind (`--worker_addresses`) run the driver's.
   """
   avx512 = devices.runs_avx512_kernels(cpuinfo)
   return not avx512, not avx512
