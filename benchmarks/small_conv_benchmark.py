@@ -20,6 +20,7 @@ kernels), so they show on any host what the rule picks and what each way
 costs; the first line says what this host runs.
 """
 
+import contextlib
 import time
 
 import numpy as np
@@ -165,27 +166,18 @@ def _gan_epoch_cpu_seconds(repeats=5):
   return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def _avx2_rule(fn):
-  """fn() with the AVX2 hosts' choices (swapped products where
-  ORIENT_MAX_ROWS says, E's conv1 banded), whatever this host's
-  (`small_conv.host_tuned_choices`): the tables show what that rule picks
-  and what each way costs here."""
-  previous = small_conv.ORIENTED_PRODUCTS, small_conv.BANDED_CONVS
-  small_conv.ORIENTED_PRODUCTS, small_conv.BANDED_CONVS = True, True
+@contextlib.contextmanager
+def _choices(**flags):
+  """Within, small_conv's module flags (ORIENTED_PRODUCTS, BANDED_CONVS)
+  set as given, read by whatever is traced there; restored after."""
+  previous = {name: getattr(small_conv, name) for name in flags}
+  for name, value in flags.items():
+    setattr(small_conv, name, value)
   try:
-    return fn()
+    yield
   finally:
-    small_conv.ORIENTED_PRODUCTS, small_conv.BANDED_CONVS = previous
-
-
-def _tf_oriented(fn, *args):
-  """fn(*args) with small_conv's products traced in TF's orientation."""
-  previous = small_conv.ORIENTED_PRODUCTS
-  small_conv.ORIENTED_PRODUCTS = False
-  try:
-    return fn(*args)
-  finally:
-    small_conv.ORIENTED_PRODUCTS = previous
+    for name, value in previous.items():
+      setattr(small_conv, name, value)
 
 
 def main():
@@ -197,7 +189,11 @@ def main():
         f'{small_conv.ORIENTED_PRODUCTS}, BANDED_CONVS='
         f'{small_conv.BANDED_CONVS} (small_conv.host_tuned_choices); the '
         "tables' small_conv and picked columns are the AVX2 rule's")
-  _avx2_rule(lambda: _tables(rng))
+  # The AVX2 hosts' choices whatever this host's
+  # (`small_conv.host_tuned_choices`): the tables show what that rule picks
+  # and what each way costs here.
+  with _choices(ORIENTED_PRODUCTS=True, BANDED_CONVS=True):
+    _tables(rng)
   epoch = _gan_epoch_cpu_seconds()
   print('GAN epoch (2000 images, batch 8), median CPU s: '
         f'Keras layers {epoch["keras"]:.2f}, '
@@ -222,11 +218,13 @@ def _tables(rng):
       else:
         native = lambda a, w: tf.nn.conv2d(a, w, 1, 'VALID')
         ours = small_conv.conv2d
+      with _choices(ORIENTED_PRODUCTS=False):
+        tf_oriented = _cpu_ms_per_step(ours, x, kernel)
       print(f'  {"transpose" if transposed else "conv":9s}  '
             f'{size}x{size}x{c_in:<4d}  {k}x{k}->{c_out:<4d} '
             f'{_cpu_ms_per_step(native, x, kernel):6.3f}  '
             f'{_cpu_ms_per_step(ours, x, kernel):10.3f}  '
-            f'{_tf_oriented(_cpu_ms_per_step, ours, x, kernel):6.3f}')
+            f'{tf_oriented:6.3f}')
   _banded_table(rng)
   _orientation_table(rng)
 

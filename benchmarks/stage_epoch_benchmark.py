@@ -48,10 +48,10 @@ def main():
   flags = (fedcg_tf.PAIRED_D_PASSES, small_conv.ORIENTED_PRODUCTS,
            small_conv.BANDED_CONVS)
   _, oriented, banded = flags
-  settings = lambda paired, oriented, banded: (
+  settings = lambda paired, swaps, bands: (
       f'{"paired" if paired else "two"} D passes, '
-      f'{"swapped" if oriented else "direct"} products, '
-      f'conv1 {"banded" if banded else "tf.nn"}')
+      f'{"swapped" if swaps else "direct"} products, '
+      f'conv1 {"banded" if bands else "tf.nn"}')
   # Each flag is read when a loop is traced. Stage 2 runs E on the real
   # images, so the conv1 choice shows there too.
   for paired, swaps, bands in ((True, oriented, banded),
