@@ -75,6 +75,7 @@ flags.DEFINE_bool('full_protocol', False,
                   'shows in the TFF overhead, not in the in-worker phases). '
                   'Overrides the epoch, step and round flags.')
 common.define_worker_flags()
+common.define_precision_flag()
 flags.DEFINE_string('data_dir', None, 'FMNIST IDX directory (default: '
                     'Debian\'s /usr/share/datasets/fashion-mnist).')
 flags.DEFINE_integer('seed', 1, 'Seed of the data split and the networks.')
@@ -124,6 +125,7 @@ def main(argv):
   common.at_least(0, 'warmup_rounds')
   common.seed()
   common.check_worker_flags()
+  common.check_precision_flag()
   if FLAGS.json:
     # Checked now, not after the benchmark has run.
     directory = os.path.dirname(os.path.abspath(FLAGS.json))
@@ -139,12 +141,14 @@ def main(argv):
   from fedcg_tff.execution import workers  # pylint: disable=g-import-not-at-top
   from tasks.options import TaskOptions  # pylint: disable=g-import-not-at-top
 
+  common.configure_precision()  # Before the workers start.
   runtime.set_local_cpp_context(FLAGS.max_concurrent_clients)
   config = FedCGConfig(batch_size=FLAGS.batch_size,
                        local_epochs=FLAGS.local_epochs,
                        gan_epochs=FLAGS.gan_epochs, server_epochs=1,
                        server_steps_per_epoch=FLAGS.server_steps,
-                       seed=FLAGS.seed).validate()
+                       seed=FLAGS.seed,
+                       matmul_precision=FLAGS.matmul_precision).validate()
   # Before any TFF tracing: Keras models built afterwards in this process
   # would be built inside TFF's graph-mode state.
   forward = flops.forward_flops(config)
@@ -160,7 +164,8 @@ def main(argv):
         f'{FLAGS.train_per_client} images, batch {FLAGS.batch_size}, '
         f'{FLAGS.local_epochs} + {FLAGS.gan_epochs} epochs, '
         f'{FLAGS.server_steps} distillation steps, '
-        f'{len(pool) if pool else 1} worker(s)', flush=True)
+        f'{len(pool) if pool else 1} worker(s), '
+        f'{FLAGS.matmul_precision} products', flush=True)
   timings = []
   driver = catalog.build('fedcg', config, FLAGS.num_clients, workers=pool,
                          on_timing=timings.append, timed=True)
@@ -226,7 +231,7 @@ def main(argv):
           'clients', 'train_per_client', 'batch_size', 'local_epochs',
           'gan_epochs', 'server_steps', 'rounds', 'warmup_rounds',
           'full_protocol', 'workers', 'max_concurrent_clients',
-          'worker_addresses', 'seed')},
+          'worker_addresses', 'seed', 'matmul_precision')},
       'mean_seconds': mean,
       'rounds': rows,
       'forward_flops_per_example': forward,

@@ -159,6 +159,41 @@ def check_dp_flags() -> None:
     raise app.UsageError(f'--dp_delta must be in (0, 1), got {FLAGS.dp_delta}')
 
 
+# --- Precision of the products --------------------------------------------------
+
+
+def define_precision_flag() -> None:
+  from fedcg_tff.config import MATMUL_PRECISIONS  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_enum(
+      'matmul_precision', MATMUL_PRECISIONS[0], list(MATMUL_PRECISIONS),
+      'float32: every product in float32 (the default). bfloat16: an opt-in '
+      'for CPUs with AVX512-BF16 or AMX: oneDNN rounds the inputs of the '
+      'GAN\'s convolutions and of its own primitives (E\'s convolutions, '
+      'the dense layers) to bfloat16 and sums in float32; faster there, '
+      'other results than float32 (README, "bfloat16 products"). A run '
+      'records it; every worker must use the same (run_worker takes it '
+      'too).')
+
+
+def check_precision_flag() -> None:
+  """Refuses --matmul_precision where it cannot run as asked
+  (`execution.precision.problem`); reads no file but /proc/cpuinfo."""
+  from fedcg_tff.execution import precision  # pylint: disable=g-import-not-at-top
+  reason = precision.problem(FLAGS.matmul_precision)
+  if reason:
+    raise app.UsageError(reason)
+
+
+def configure_precision() -> None:
+  """Sets this process's environment for --matmul_precision, before any
+  TFF worker starts (`execution.precision.configure`)."""
+  from fedcg_tff.execution import precision  # pylint: disable=g-import-not-at-top
+  try:
+    precision.configure(FLAGS.matmul_precision)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+
+
 # --- Workers -----------------------------------------------------------------
 
 

@@ -84,6 +84,7 @@ flags.DEFINE_bool('replay_draws', _DEFAULTS.replay_draws,
                   'for every client, as the published code does by '
                   'reseeding each round; default: fresh draws each round '
                   'and per client.')
+common.define_precision_flag()
 # Run.
 flags.DEFINE_integer('rounds', 200, 'Maximum number of rounds.')
 flags.DEFINE_integer('patience', 20, 'Stop after this many rounds without a '
@@ -497,6 +498,9 @@ def run_definition(config) -> dict:
     # Written only when set, so that runs recorded before the flag existed
     # (the same draws) still resume and are still found finished.
     del definition['config']['replay_draws']
+  if config.matmul_precision == 'float32':
+    # Likewise: runs recorded before the flag existed were float32.
+    del definition['config']['matmul_precision']
   definition['run'].update(client_sampling_definition())
   definition['run'].update(dp_definition())
   return definition
@@ -519,6 +523,7 @@ def check_flags() -> FedCGConfig:
   common.at_least(1, 'clients_per_round')
   _check_worker_flags()
   _check_dp_flags()
+  common.check_precision_flag()
   return config
 
 
@@ -566,6 +571,7 @@ def main(argv):
     return
   common.writable_dir()
   configure_device()
+  common.configure_precision()
 
   # TensorFlow starts here, after the flag checks: bad flags fail fast.
   # Data first: a missing data set must not leave an output directory.

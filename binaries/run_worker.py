@@ -27,6 +27,7 @@ from fedcg_tff.execution import runtime
 
 flags.DEFINE_integer('port', 8000, 'Port the worker serves on.')
 common.define_concurrency_flag()
+common.define_precision_flag()
 FLAGS = flags.FLAGS
 
 
@@ -44,6 +45,7 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if not 0 < FLAGS.port < 65536:
     raise app.UsageError(f'--port must be in [1, 65535], got {FLAGS.port}')
+  common.configure_precision()  # The worker inherits its environment.
   concurrency = FLAGS.max_concurrent_clients
   if concurrency is None:
     concurrency = runtime.default_concurrency()

@@ -22,6 +22,8 @@ PRIVATE_NETWORKS = ('extractor', 'discriminator')
 # (driver.client_seeds): kept to a range every one of them takes.
 MAX_SEED = 2**31 - 1
 MODELS = ('lenet', 'resnet18')  # models.families.MODELS, without TF.
+# FedCGConfig.matmul_precision.
+MATMUL_PRECISIONS = ('float32', 'bfloat16')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +79,14 @@ class FedCGConfig:
   # sampling and DP noise stay fresh either way (the original has neither;
   # the DP accounting assumes independent noise each round).
   replay_draws: bool = False
+  # 'float32' (the default): every product in float32. 'bfloat16', an
+  # opt-in for hosts with bfloat16 arithmetic (AVX512-BF16 or AMX): oneDNN
+  # rounds the inputs of the GAN's convolutions and of its own primitives
+  # (E's convolutions, the dense layers) to bfloat16 and accumulates in
+  # float32 (`small_conv.matmul`, `execution.precision`); results differ
+  # from float32 runs by more than float rounding (README, "bfloat16
+  # products": speed and accuracy measured).
+  matmul_precision: str = 'float32'
 
   @property
   def image_size(self) -> int:
@@ -120,6 +130,9 @@ class FedCGConfig:
                        f'got {self.client_init!r}')
     if self.model not in MODELS:
       raise ValueError(f'model must be one of {MODELS}, got {self.model!r}')
+    if self.matmul_precision not in MATMUL_PRECISIONS:
+      raise ValueError(f'matmul_precision must be one of {MATMUL_PRECISIONS}, '
+                       f'got {self.matmul_precision!r}')
     if self.distance not in DISTANCES:
       raise ValueError(
           f'distance must be one of {DISTANCES}, got {self.distance!r}')

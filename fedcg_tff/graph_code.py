@@ -15,6 +15,32 @@ is converted either. Never mark a function that loops over a dataset or a
 unrolls without end while tracing.
 """
 
+import contextlib
+import threading
+
 import tensorflow as tf
 
 plain = tf.autograph.experimental.do_not_convert
+
+
+class TraceSwitch:
+  """A per-thread switch, set around code that traces graphs or builds
+  layers and read by that code: Python state only, so what is traced holds
+  whatever the switch chose (`models.layers.paired_passes`,
+  `models.small_conv.bfloat16_products`). Off unless set."""
+
+  def __init__(self):
+    self._local = threading.local()
+
+  @contextlib.contextmanager
+  def set(self, value: bool = True):
+    previous = self.value
+    self._local.value = value
+    try:
+      yield
+    finally:
+      self._local.value = previous
+
+  @property
+  def value(self) -> bool:
+    return getattr(self._local, 'value', False)

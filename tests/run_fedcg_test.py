@@ -259,10 +259,11 @@ def test_dp_run_charges_a_round_it_runs_again(tmp_path, capfd):
   assert 'a lower bound: rounds_started.json began' in capfd.readouterr().out
 
 
-def test_replay_draws_is_recorded_only_when_set():
-  """A run.json written before --replay_draws existed (a committed one)
-  has the keys the default flags' definition has, so such runs still
-  resume; a replaying run records the flag."""
+def test_replay_draws_and_precision_are_recorded_only_when_set():
+  """A run.json written before --replay_draws and --matmul_precision
+  existed (a committed one) has the keys the default flags' definition
+  has, so such runs still resume; a replaying or bfloat16 run records the
+  flag, so that a resume with the other setting is refused."""
   committed = os.path.join(os.path.dirname(__file__), '..', 'results',
                            'fmnist_paper_protocol', 'fedcg', 'seed_1',
                            'run.json')
@@ -278,6 +279,24 @@ def test_replay_draws_is_recorded_only_when_set():
     config = run_fedcg.config_from_flags()
     assert config.replay_draws is True
     assert run_fedcg.run_definition(config)['config']['replay_draws'] is True
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['run_fedcg', '--matmul_precision=bfloat16', '--output_dir=x'])
+    config = run_fedcg.config_from_flags()
+    assert run_fedcg.run_definition(config)['config'][
+        'matmul_precision'] == 'bfloat16'
+
+
+def test_bfloat16_on_a_host_without_it_is_refused_at_start(tmp_path,
+                                                           monkeypatch):
+  from fedcg_tff.execution import precision  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(precision, 'has_bfloat16_arithmetic',
+                      lambda cpuinfo=None: False)
+  error = _main([f'--output_dir={tmp_path / "out"}',
+                 f'--data_dir={tmp_path / "absent"}',
+                 '--matmul_precision=bfloat16'])
+  assert error is not None and error.startswith(
+      '--matmul_precision=bfloat16 needs a CPU with bfloat16 arithmetic'), error
+  assert not (tmp_path / 'out').exists()
 
 
 def test_secure_fedavg_run_records_its_aggregation(tmp_path, capfd):

@@ -26,6 +26,7 @@ from fedcg_tff import graph_code
 from fedcg_tff.config import PRIVATE_NETWORKS, FedCGConfig
 from fedcg_tff.models import families
 from fedcg_tff.models import model_weights
+from fedcg_tff.models import small_conv
 
 
 @attrs.define(frozen=True)
@@ -40,7 +41,9 @@ NETWORK_NAMES = ('extractor', 'classifier', 'generator', 'discriminator')
 def _build_network(config: FedCGConfig, name: str) -> tf.keras.Model:
   """Network `name` of `config`'s family, built in the current graph.
 
-  Reads only `_NETWORK_FIELDS` of `config`.
+  Reads `_NETWORK_FIELDS` of `config`, and its `matmul_precision`, which
+  picks the GAN layers' products (`small_conv.bfloat16_products`) and no
+  weight (`_template`, which reads weights only, leaves it float32).
 
   Built with the learning phase fixed: in graph mode (inside a TFF
   computation) every batch-norm layer otherwise traces a `tf.cond` on the
@@ -62,7 +65,8 @@ def _build_network(config: FedCGConfig, name: str) -> tf.keras.Model:
     build = lambda: families.build_discriminator(model, config.num_classes)
   with warnings.catch_warnings():
     warnings.simplefilter('ignore', UserWarning)  # "deprecated": see above.
-    with tf.keras.backend.learning_phase_scope(0):
+    with tf.keras.backend.learning_phase_scope(0), small_conv.bfloat16_products(
+        config.matmul_precision == 'bfloat16'):
       return build()
 
 

@@ -15,14 +15,13 @@ ResNet-18 families alike).
 """
 
 import contextlib
-import threading
 
 import tensorflow as tf
 
 from fedcg_tff import graph_code
 from fedcg_tff.models import small_conv
 
-_PAIRING = threading.local()
+_PAIRING = graph_code.TraceSwitch()
 
 
 @contextlib.contextmanager
@@ -42,17 +41,13 @@ def paired_passes():
   separate passes" holds: the statistics are per pass. Only trace-time
   Python state: the traced graph holds the split computation.
   """
-  previous = getattr(_PAIRING, 'on', False)
-  _PAIRING.on = True
-  try:
+  with _PAIRING.set():
     yield
-  finally:
-    _PAIRING.on = previous
 
 
 @graph_code.plain
 def _paired(training) -> bool:
-  return bool(training) and getattr(_PAIRING, 'on', False)
+  return bool(training) and _PAIRING.value
 
 
 LEAKY_SLOPE = 0.2
@@ -176,14 +171,18 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
   `torch.nn.utils.spectral_norm` does). Keras' own `SpectralNormalization`
   wrapper cannot be used: it branches on `training` with a Python `if`, which
   fails on the symbolic tensors of the graph-mode layers TFF builds.
-  Stride-1 VALID convolutions are computed by `small_conv`.
+  Stride-1 VALID convolutions are computed by `small_conv` (with its
+  bfloat16 route if `bfloat16_products`, by default if built within
+  `small_conv.bfloat16_products()`; the power iteration stays float32).
   """
 
-  def __init__(self, *args, power_iterations: int = 1, **kwargs):
+  def __init__(self, *args, power_iterations: int = 1,
+               bfloat16_products: bool | None = None, **kwargs):
     super().__init__(*args, **kwargs)
     if power_iterations < 1:
       raise ValueError(f'power_iterations must be >= 1, got {power_iterations}')
     self.power_iterations = power_iterations
+    self.bfloat16_products = _bfloat16_products(bfloat16_products)
 
   def build(self, input_shape):
     super().build(input_shape)
@@ -259,8 +258,10 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
         steps, stored = self._power_iterations(passes)
         with tf.control_dependencies([stored]):
           return _bias_and_activation(self, small_conv.conv2d(
-              inputs, self.kernel, _sigma_divided_product(steps)))
-      outputs = small_conv.conv2d(inputs, self.kernel)
+              inputs, self.kernel,
+              _sigma_divided_product(steps, self.bfloat16_products)))
+      outputs = small_conv.conv2d(inputs, self.kernel,
+                                  bfloat16=self.bfloat16_products)
     else:
       outputs = self.convolution_op(inputs, self.kernel)
     if not passes:
@@ -274,6 +275,7 @@ class SpectralNormConv2D(tf.keras.layers.Conv2D):
   def get_config(self):
     config = super().get_config()
     config['power_iterations'] = self.power_iterations
+    config['bfloat16_products'] = self.bfloat16_products
     return config
 
 
@@ -283,8 +285,14 @@ def _sigma(v_w, u):
   return tf.squeeze(tf.matmul(v_w, u, transpose_b=True))
 
 
+def _bfloat16_products(given: bool | None) -> bool:
+  """A layer's `bfloat16_products`: as given, else as it is built
+  (`small_conv.bfloat16_products`)."""
+  return small_conv.building_bfloat16() if given is None else bool(given)
+
+
 @graph_code.plain
-def _sigma_divided_product(steps):
+def _sigma_divided_product(steps, bfloat16: bool = False):
   """For `small_conv.conv2d` in training: patches @ W with the h-th of
   len(steps) equal row blocks divided by its pass's sigma_h = v_h W u_h^T
   (`_power_iterations`' steps; v_h, u_h constants).
@@ -296,7 +304,8 @@ def _sigma_divided_product(steps):
   a row per pass appended, where TF's gradient makes a [k, c_out] product
   per sigma and sums them (on the Zen 3 host the first pass's took 1.1 ms
   of a 20 ms GAN step for D's 1024 x 512 kernel). First order only: the
-  gradient treats each sigma as the constant its rows carry.
+  gradient treats each sigma as the constant its rows carry. `bfloat16`:
+  both products by `small_conv.matmul`'s bfloat16 route.
   """
   us = [u for u, _, _ in steps]
   vs = [v for _, v, _ in steps]
@@ -304,7 +313,8 @@ def _sigma_divided_product(steps):
 
   @tf.custom_gradient
   def product(patches, matrix):
-    parts = tf.split(tf.matmul(patches, matrix), len(sigmas))
+    parts = tf.split(small_conv.matmul(patches, matrix, bfloat16),
+                     len(sigmas))
     outputs = [part / sigma for part, sigma in zip(parts, sigmas)]
 
     def gradient(d_outputs):
@@ -313,11 +323,12 @@ def _sigma_divided_product(steps):
           [d / sigma for d, sigma in zip(d_outputs, sigmas)], 0)
       d_sigmas = [-tf.reduce_sum(d * out) / sigma
                   for d, out, sigma in zip(d_outputs, outputs, sigmas)]
-      d_matrix = tf.matmul(
+      d_matrix = small_conv.matmul(
           tf.concat([patches] + vs, 0),
           tf.concat([d_product] + [d * u for d, u in zip(d_sigmas, us)], 0),
-          transpose_a=True)
-      return small_conv.times_transposed(d_product, matrix), d_matrix
+          bfloat16, transpose_a=True)
+      return (small_conv.times_transposed(d_product, matrix, bfloat16),
+              d_matrix)
 
     return tf.concat(outputs, 0), gradient
 
@@ -338,11 +349,22 @@ class SmallConv2DTranspose(tf.keras.layers.Conv2DTranspose):
   """A `Conv2DTranspose` computed by `small_conv` where it applies.
 
   Same weights, names and function as the Keras layer; only faster on the
-  generator's tiny maps (see `small_conv`).
+  generator's tiny maps (see `small_conv`). `bfloat16_products`: as in
+  `SpectralNormConv2D`.
   """
+
+  def __init__(self, *args, bfloat16_products: bool | None = None, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.bfloat16_products = _bfloat16_products(bfloat16_products)
 
   def call(self, inputs):
     if not small_conv.applies(self, inputs):
       return super().call(inputs)
     return _bias_and_activation(
-        self, small_conv.conv2d_transpose(inputs, self.kernel))
+        self, small_conv.conv2d_transpose(inputs, self.kernel,
+                                          self.bfloat16_products))
+
+  def get_config(self):
+    config = super().get_config()
+    config['bfloat16_products'] = self.bfloat16_products
+    return config

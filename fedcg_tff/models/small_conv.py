@@ -26,7 +26,14 @@ orientation `times_transposed` picks (see ORIENT_MAX_ROWS);
 oneDNN's AVX2 kernels, and are off where it runs AVX-512 ones
 (`host_tuned_choices`).
 `applies` says when a Keras layer and its input allow them.
+
+With `bfloat16=True` (the opt-in `FedCGConfig.matmul_precision='bfloat16'`)
+the products run in oneDNN's matmul primitive (`matmul`), which the
+process's oneDNN floating-point mode lets round their inputs to bfloat16:
+no longer float32 sums, see `matmul`.
 """
+
+import contextlib
 
 import tensorflow as tf
 
@@ -95,14 +102,15 @@ def applies(layer: tf.keras.layers.Layer, inputs) -> bool:
 
 
 @graph_code.plain
-def conv2d(x, kernel, product=None):
+def conv2d(x, kernel, product=None, bfloat16: bool = False):
   """`tf.nn.conv2d(x, kernel, 1, 'VALID')` as patches @ kernel.
 
   `kernel` is `[kh, kw, c_in, c_out]`. The patches are the kh * kw shifted
   windows of `x`, concatenated on the channel axis in the kernel's
   (row, column, channel) order, so the kernel reshapes to the matrix as is.
   `product(patches, matrix)` replaces the plain product where the caller
-  folds more into it (the spectral norm's division by sigma).
+  folds more into it (the spectral norm's division by sigma); `bfloat16`:
+  the products by `matmul`'s bfloat16 route.
   """
   kh, kw, c_in, c_out = kernel.shape
   out_h, out_w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
@@ -110,7 +118,7 @@ def conv2d(x, kernel, product=None):
   # StridedSliceGrad of strided slices.
   patches = tf.concat([tf.slice(x, [0, i, j, 0], [-1, out_h, out_w, -1])
                        for i in range(kh) for j in range(kw)], axis=-1)
-  y = (product or _patch_product)(
+  y = (product or _patch_product(bfloat16))(
       tf.reshape(patches, [-1, kh * kw * c_in]),
       tf.reshape(kernel, [kh * kw * c_in, c_out]))
   return tf.reshape(y, [-1, out_h, out_w, c_out])
@@ -181,17 +189,17 @@ def _band(kernel, width):
 
 
 @graph_code.plain
-def conv2d_transpose(x, kernel):
+def conv2d_transpose(x, kernel, bfloat16: bool = False):
   """The stride-1 VALID transposed convolution of `x` by `kernel`.
 
   `kernel` is `[kh, kw, c_out, c_in]` (Keras' `Conv2DTranspose` layout). Each
   input pixel spreads `x[n, p, q] @ kernel[i, j]^T` to output pixel
   (p + i, q + j): one product gives every tap, then each tap's map is padded
-  into place and the taps are summed.
+  into place and the taps are summed. `bfloat16`: as in `conv2d`.
   """
   kh, kw, c_out, c_in = kernel.shape
   in_h, in_w = x.shape[1], x.shape[2]
-  taps = _tap_product(tf.reshape(x, [-1, c_in]),
+  taps = _tap_product(bfloat16)(tf.reshape(x, [-1, c_in]),
                       tf.reshape(kernel, [kh * kw * c_out, c_in]))
   # Unstacked, not sliced: the gradient is one Pack instead of a
   # StridedSliceGrad per tap.
@@ -204,17 +212,17 @@ def conv2d_transpose(x, kernel):
 
 
 @graph_code.plain
-def times_transposed(a, b):
+def times_transposed(a, b, bfloat16: bool = False):
   """a @ b^T for a `[m, k]` and b `[n, k]` (a weight matrix).
 
   oneDNN's sgemm runs this product slowly when a has few rows and b is
   large (see ORIENT_MAX_ROWS), and fast as b @ a^T, whose small result is
   then transposed: the same sums, accumulated in another order. The row
   count is usually known only when the graph runs (the batch), so the
-  choice is then a `tf.cond`.
+  choice is then a `tf.cond`. `bfloat16`: by `matmul`'s bfloat16 route.
   """
-  direct = lambda: tf.matmul(a, b, transpose_b=True)
-  swapped = lambda: tf.transpose(tf.matmul(b, a, transpose_b=True))
+  direct = lambda: matmul(a, b, bfloat16, transpose_b=True)
+  swapped = lambda: tf.transpose(matmul(b, a, bfloat16, transpose_b=True))
   swaps = _swaps(a, b)
   if isinstance(swaps, bool):
     return swapped() if swaps else direct()
@@ -235,25 +243,93 @@ def _swaps(a, b):
 # The two products below are `tf.matmul`'s, with TF's gradients, but every
 # a @ b^T among them goes through `times_transposed`: conv2d's input
 # gradient dpatches = dy @ w^T, and conv2d_transpose's forward product
-# x @ k^T itself.
+# x @ k^T itself. Each is made for one `bfloat16` setting, which its
+# gradient's products keep.
 
 
-@tf.custom_gradient
-def _patch_product(patches, matrix):
+def _patch_product(bfloat16: bool):
   """patches @ matrix, with dpatches by `times_transposed`."""
 
-  def gradient(dy):
-    return (times_transposed(dy, matrix),
-            tf.matmul(patches, dy, transpose_a=True))
+  @tf.custom_gradient
+  def product(patches, matrix):
 
-  return tf.matmul(patches, matrix), gradient
+    def gradient(dy):
+      return (times_transposed(dy, matrix, bfloat16),
+              matmul(patches, dy, bfloat16, transpose_a=True))
+
+    return matmul(patches, matrix, bfloat16), gradient
+
+  return product
 
 
-@tf.custom_gradient
-def _tap_product(x, matrix):
+def _tap_product(bfloat16: bool):
   """x @ matrix^T by `times_transposed`, with TF's gradients of it."""
 
-  def gradient(dtaps):
-    return tf.matmul(dtaps, matrix), tf.matmul(dtaps, x, transpose_a=True)
+  @tf.custom_gradient
+  def product(x, matrix):
 
-  return times_transposed(x, matrix), gradient
+    def gradient(dtaps):
+      return (matmul(dtaps, matrix, bfloat16),
+              matmul(dtaps, x, bfloat16, transpose_a=True))
+
+    return times_transposed(x, matrix, bfloat16), gradient
+
+  return product
+
+
+# ---------------------------------------------------------------------------
+# The opt-in bfloat16 products.
+
+# The bfloat16 route's smallest dimension: a product with a known m, k or
+# n below it stays float32 `MatMul`. On the Intel model 167 host (AMX,
+# 2026-12-06, one thread; results/benchmarks/
+# bfloat16_products_intel_avx512_model167_20261206.txt) the route lost at
+# D's last conv (n = 1: 8.9 -> 27.8 us) and, with the batch of 8 as m or
+# k, at G's first transposed conv's gradients (42.7 -> 70.9 and
+# 120.8 -> 155.2 us); the batch is known only when the graph runs, so
+# those two take the route (see `matmul`).
+BFLOAT16_MIN_DIM = 16
+
+
+@graph_code.plain
+def matmul(a, b, bfloat16: bool = False, transpose_a: bool = False,
+           transpose_b: bool = False):
+  """`tf.matmul` of two matrices, or, with `bfloat16`, the same product as
+  a batch of one (`BatchMatMulV2`), where every known dimension is at least
+  BFLOAT16_MIN_DIM.
+
+  Why: TF runs a 2-D float32 `MatMul` through oneDNN's sgemm, which is
+  float32 whatever the process's oneDNN settings, and a batched one through
+  oneDNN's matmul primitive, which takes the floating-point mode TF sets
+  from TF_SET_ONEDNN_FPMATH_MODE: BF16 lets it round the inputs to
+  bfloat16 (8 bits of mantissa) and accumulate in float32, on AMX or
+  AVX512-BF16 units. Set by the binaries for
+  `FedCGConfig.matmul_precision='bfloat16'` (`execution.precision`).
+  Without that setting the route computes the float32 product, slower than
+  `MatMul` (about 1.1-1.4x here), so it is taken only when asked for.
+  """
+  m, k = (a.shape[1], a.shape[0]) if transpose_a else a.shape
+  n = b.shape[0] if transpose_b else b.shape[1]
+  if not bfloat16 or any(d is not None and d < BFLOAT16_MIN_DIM
+                         for d in (m, k, n)):
+    return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+  return tf.matmul(a[tf.newaxis], b[tf.newaxis], transpose_a=transpose_a,
+                   transpose_b=transpose_b)[0]
+
+
+_BUILDING = graph_code.TraceSwitch()
+
+
+@contextlib.contextmanager
+def bfloat16_products(on: bool = True):
+  """Within, the layers of `models.layers` that use this module are built
+  to take the bfloat16 route (`building_bfloat16`): how a network builder
+  hands `FedCGConfig.matmul_precision` to its layers without every
+  builder taking it (`training_tf.PartyNetworks`)."""
+  with _BUILDING.set(on):
+    yield
+
+
+def building_bfloat16() -> bool:
+  """Whether layers built now take the bfloat16 route."""
+  return _BUILDING.value
