@@ -168,8 +168,8 @@ def define_precision_flag() -> None:
       'matmul_precision', MATMUL_PRECISIONS[0], list(MATMUL_PRECISIONS),
       'float32: every product in float32 (the default). bfloat16: an opt-in '
       'for CPUs with AVX512-BF16 or AMX: oneDNN rounds the inputs of the '
-      'GAN\'s convolutions and of its own primitives (E\'s convolutions, '
-      'the dense layers) to bfloat16 and sums in float32; faster there, '
+      'GAN\'s products and of E\'s convolutions to bfloat16 and sums in '
+      'float32; faster there, '
       'other results than float32 (README, "bfloat16 products"). A run '
       'records it; every worker must use the same (run_worker takes it '
       'too).')

@@ -81,8 +81,8 @@ class FedCGConfig:
   replay_draws: bool = False
   # 'float32' (the default): every product in float32. 'bfloat16', an
   # opt-in for hosts with bfloat16 arithmetic (AVX512-BF16 or AMX): oneDNN
-  # rounds the inputs of the GAN's convolutions and of its own primitives
-  # (E's convolutions, the dense layers) to bfloat16 and accumulates in
+  # rounds the inputs of the GAN's products and of E's convolutions (its
+  # primitives; dense layers stay float32) to bfloat16 and accumulates in
   # float32 (`small_conv.matmul`, `execution.precision`); results differ
   # from float32 runs by more than float rounding (README, "bfloat16
   # products": speed and accuracy measured).
