@@ -27,6 +27,7 @@ from absl import logging
 from binaries import common
 
 from fedcg_tff.config import CLIENT_INITS, CLIENT_OPTIMIZERS, DISTANCES, MODELS, FedCGConfig
+from fedcg_tff.execution import precision
 from fedcg_tff.execution import runtime  # Before TFF starts a worker: clean shutdown.
 from fedcg_tff.names import ALGORITHM_FLAGS, ALGORITHMS, DP_ALGORITHMS, SECURE_ALGORITHMS, SERVER_DATA_TASKS, TASK_FLAGS, TASKS
 from tasks import partition  # Numpy only: flags are checked before TF.
@@ -523,6 +524,10 @@ def check_flags() -> FedCGConfig:
   common.at_least(1, 'clients_per_round')
   _check_worker_flags()
   _check_dp_flags()
+  if FLAGS.device == 'gpu' and FLAGS.matmul_precision != 'float32':
+    raise app.UsageError(
+        f'--matmul_precision={FLAGS.matmul_precision} sets oneDNN (CPU) '
+        'kernels; with --device=gpu it would change nothing the run records')
   common.check_precision_flag()
   return config
 
@@ -717,7 +722,8 @@ def _run(config, task, sampling, pool, resuming):
              f'{_saved(checkpoints)}.')
   except workers.WorkerLost as e:
     sys.exit(f'Worker lost: {e}. The run stopped; {_saved(checkpoints)}, '
-             f'once a worker serves there again (binaries/run_worker.py).')
+             f'once a worker serves there again (binaries/run_worker.py'
+             f'{precision.worker_flag()}).')
   except Exception as e:  # pylint: disable=broad-except
     _exit_if_out_of_space(e, checkpoints)
     _exit_if_denied(e, checkpoints)

@@ -287,6 +287,22 @@ class _Replay:
     return clients[client].extractor
 
 
+def _configure_precision(runs: dict) -> None:
+  """Sets this process up for the runs' --matmul_precision before TFF
+  starts its worker (`execution.precision`), so that a bfloat16 run is
+  replayed as it ran. `runs`: flag name -> run.json content (or None).
+  Runs of both precisions cannot share the worker, and a bfloat16 run
+  needs a host with bfloat16 arithmetic: refused, naming the flags."""
+  from fedcg_tff.execution import precision  # pylint: disable=g-import-not-at-top
+  try:
+    precision.configure_for_runs({
+        f'--{flag}={FLAGS[flag].value}':
+            run['config'].get('matmul_precision', 'float32')
+        for flag, run in runs.items() if run is not None})
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -314,6 +330,7 @@ def main(argv):
   from tasks import fmnist_shift  # pylint: disable=g-import-not-at-top
   from tasks import image_task  # pylint: disable=g-import-not-at-top
 
+  _configure_precision({'run_dir': fedcg_run, 'fedavg_run_dir': fedavg_run})
   runtime.set_local_cpp_context()
   started = time.monotonic()
   replay = _Replay(FLAGS.run_dir, fedcg_run, FLAGS.aux_size)

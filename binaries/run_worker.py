@@ -4,6 +4,9 @@ On each worker machine (same pinned stack: ./setup.sh):
 
   .venv/bin/python -m binaries.run_worker --port=8000
 
+(add --matmul_precision=bfloat16 for the workers of a bfloat16 run: the
+setting is the worker process's, and nothing checks it from the driver)
+
 then on the machine that drives the run:
 
   .venv/bin/python -m binaries.run_fedcg --worker_addresses=host1:8000,host2:8000 ...
@@ -51,7 +54,8 @@ def main(argv):
     concurrency = runtime.default_concurrency()
   command = [worker_binary_path(), f'--port={FLAGS.port}',
              f'--max_concurrent_computation_calls={concurrency}']
-  print(f'TFF worker serving on port {FLAGS.port}', flush=True)
+  print(f'TFF worker serving on port {FLAGS.port}, '
+        f'{FLAGS.matmul_precision} products', flush=True)
   worker = runtime.WorkerPopen(command)
   try:
     sys.exit(worker.wait())

@@ -85,7 +85,7 @@ class FedCGConfig:
   # primitives; dense layers stay float32) to bfloat16 and accumulates in
   # float32 (`small_conv.matmul`, `execution.precision`); results differ
   # from float32 runs by more than float rounding (README, "bfloat16
-  # products": speed and accuracy measured).
+  # products": its speed, and its accuracy once measured).
   matmul_precision: str = 'float32'
 
   @property

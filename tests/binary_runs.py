@@ -76,14 +76,24 @@ class BinaryRun:
 
   def wait(self, timeout: float = 600):
     """(CompletedProcess, the pids of the TFF workers it started, seen by
-    polling its descendants while it ran)."""
+    polling its descendants while it ran). `worker_fpmath` then maps each
+    worker seen to the TF_SET_ONEDNN_FPMATH_MODE it was started with
+    (None: unset; `execution.precision`)."""
     workers = set()
+    self.worker_fpmath = {}
     deadline = time.time() + timeout
     while self.proc.poll() is None:
       if time.time() > deadline:
         kill_tree(self.proc)
         raise subprocess.TimeoutExpired(self.proc.args, timeout)
-      workers |= {p.pid for p in runtime.worker_processes(self.proc.pid)}
+      for p in runtime.worker_processes(self.proc.pid):
+        workers.add(p.pid)
+        if p.pid not in self.worker_fpmath:
+          try:
+            self.worker_fpmath[p.pid] = p.environ().get(
+                'TF_SET_ONEDNN_FPMATH_MODE')
+          except psutil.Error:
+            pass
       time.sleep(0.2)
     self._out.seek(0)
     self._err.seek(0)

@@ -8,10 +8,27 @@ output pipe open and hang it, so the session ends by stopping them (and
 import os
 import sys
 
+import pytest
+
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fedcg_tff.execution import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+# oneDNN's floating-point mode (`fedcg_tff.execution.precision`).
+_FPMATH_VARIABLES = ('TF_SET_ONEDNN_FPMATH_MODE', 'ONEDNN_DEFAULT_FPMATH_MODE')
+
+
+@pytest.fixture(autouse=True)
+def _fpmath_left_as_found():
+  """Fails a test that leaves oneDNN's fpmath variables changed: every
+  worker this process starts later would inherit them and round its
+  products to bfloat16 (a float32 run would then refuse to start)."""
+  before = {name: os.environ.get(name) for name in _FPMATH_VARIABLES}
+  yield
+  after = {name: os.environ.get(name) for name in _FPMATH_VARIABLES}
+  assert after == before, f'the test changed {before} to {after}'
 
 
 def pytest_configure(config):

@@ -106,7 +106,8 @@ def test_load_result_reads_rounds_and_the_median_round_time(tmp_path):
                            ('config', 'model', 'resnet18'),
                            ('config', 'client_init', 'private'),
                            ('run', 'dp_sigma', 0.1),
-                           ('run', 'clients_per_round', 2)):
+                           ('run', 'clients_per_round', 2),
+                           ('config', 'matmul_precision', 'bfloat16')):
     changed = json.loads(json.dumps(paper))
     changed[part][key] = value
     (tmp_path / 'run.json').write_text(json.dumps(changed))

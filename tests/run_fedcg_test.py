@@ -141,6 +141,8 @@ def test_output_dir_that_is_a_file_is_refused_at_start(tmp_path,
     (['--device=gpu', '--gpu_memory_mb=512'],
      '--gpu_memory_mb is only used with --logical_gpus > 1'),
     (['--device=gpu', '--logical_gpus=2'], 'needs --gpu_memory_mb'),
+    (['--device=gpu', '--matmul_precision=bfloat16'],
+     '--matmul_precision=bfloat16 sets oneDNN (CPU) kernels'),
 ])
 def test_private_aggregation_and_device_flags_are_checked(tmp_path, args, message):
   error = _main([f'--output_dir={tmp_path / "out"}',
@@ -936,3 +938,19 @@ def test_a_file_the_run_may_not_use_stops_it_naming_the_file(
 
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
+
+
+def test_resume_with_the_other_precision_is_refused(tmp_path):
+  """A directory that holds a bfloat16 run is not resumed as float32 (nor
+  the reverse): refused before anything is read, naming the field."""
+  out = tmp_path / 'out'
+  out.mkdir()
+  with flagsaver.flagsaver():
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['run_fedcg', '--matmul_precision=bfloat16',
+                 f'--output_dir={out}'])
+    stored = run_fedcg.run_definition(run_fedcg.config_from_flags())
+  (out / 'run.json').write_text(json.dumps(stored))
+  error = _main([f'--output_dir={out}', f'--data_dir={tmp_path / "absent"}'])
+  assert error is not None and 'matmul_precision' in error, error
+  assert json.loads((out / 'run.json').read_text()) == stored

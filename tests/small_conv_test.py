@@ -7,17 +7,8 @@ import tensorflow as tf
 from fedcg_tff.models import layers
 from fedcg_tff.models import lenet
 from fedcg_tff.models import small_conv
-
-
-def _value_and_grads(fn, x, kernel):
-  """fn(x, kernel), and the gradients of a non-uniform loss of it."""
-  x, kernel = tf.convert_to_tensor(x), tf.convert_to_tensor(kernel)
-  with tf.GradientTape() as tape:
-    tape.watch([x, kernel])
-    y = fn(x, kernel)
-    weights = tf.reshape(tf.range(tf.size(y), dtype=tf.float32), tf.shape(y))
-    loss = tf.reduce_sum(tf.sin(weights) * y * y)
-  return [y] + tape.gradient(loss, [x, kernel])
+from tests.conv_checks import assert_all_close as _assert_all_close
+from tests.conv_checks import value_and_grads as _value_and_grads
 
 
 def _call_value_and_grads(call, x, weights,
@@ -41,13 +32,6 @@ def _model_value_and_grads(model, x):
   model's trainable weights."""
   return _call_value_and_grads(lambda: model(x), x, model.trainable_weights,
                                lambda y: tf.reduce_sum(tf.sin(3.0 * y) * y))
-
-
-def _assert_all_close(got, want):
-  for g, w in zip(got, want):
-    assert g.shape == w.shape
-    scale = float(tf.reduce_max(tf.abs(w)))
-    np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=0, atol=1e-5 * scale)
 
 
 @pytest.fixture

@@ -55,10 +55,14 @@ def problem(precision: str, environ: Mapping[str, str] | None = None,
   if precision != 'bfloat16':
     raise ValueError(f'Unknown matmul_precision {precision!r}')
   if not has_bfloat16_arithmetic(cpuinfo):
+    try:
+      host = f'this one ({devices.host_cpu(cpuinfo)}) has neither'
+    except OSError as e:
+      host = f'/proc/cpuinfo could not be read ({e})'
     return ('--matmul_precision=bfloat16 needs a CPU with bfloat16 '
             f'arithmetic ({" or ".join(BFLOAT16_FLAGS)} in /proc/cpuinfo); '
-            f'this one ({devices.host_cpu(cpuinfo)}) has neither, and oneDNN '
-            'would compute in float32, slower than --matmul_precision=float32')
+            f'{host}: the setting is for those units, and without them the '
+            'products would be no faster than in float32')
   if tf_mode not in ('', 'BF16'):
     return (f'{TF_FPMATH}={environ[TF_FPMATH]} conflicts with '
             f'--matmul_precision=bfloat16 (which sets it to BF16): unset it')
@@ -66,6 +70,33 @@ def problem(precision: str, environ: Mapping[str, str] | None = None,
     return (f'{ONEDNN_FPMATH}={environ[ONEDNN_FPMATH]} allows more than '
             'bfloat16 rounding: unset it')
   return None
+
+
+def worker_flag() -> str:
+  """' --matmul_precision=bfloat16' if this process is set up for it, else
+  '': what a user restarting a remote worker of this run must pass to
+  `binaries/run_worker` (a worker started without it would compute the
+  run's bfloat16 products in float32; nothing checks a remote worker's
+  setting)."""
+  if os.environ.get(TF_FPMATH, '').strip().upper() == 'BF16':
+    return ' --matmul_precision=bfloat16'
+  return ''
+
+
+def configure_for_runs(runs: Mapping[str, str]) -> None:
+  """`configure` for the one precision of several recorded runs that
+  will share this process's workers (`runs`: how to name each run ->
+  its matmul_precision); ValueError naming them if they differ."""
+  if len(set(runs.values())) > 1:
+    raise ValueError(' and '.join(
+        f'{label} ran with --matmul_precision={value}'
+        for label, value in runs.items()) + ': replay them separately')
+  label, value = next(iter(runs.items()))
+  try:
+    configure(value)
+  except ValueError as e:
+    raise ValueError(f'{label} ran with --matmul_precision={value}: '
+                     f'{e}') from None
 
 
 def configure(precision: str) -> None:

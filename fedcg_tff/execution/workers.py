@@ -47,6 +47,7 @@ from tensorflow_federated.python.core.impl.executor_stacks import python_executo
 from tensorflow_federated.python.core.impl.executors import remote_executor
 from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
 
+from fedcg_tff.execution import precision
 from fedcg_tff.execution import runtime
 
 CONNECT_TIMEOUT_SECONDS = 20.0
@@ -107,7 +108,7 @@ def remote_context(address: str):
     raise ConnectionError(
         f'no TFF worker answered at {address!r} within '
         f'{CONNECT_TIMEOUT_SECONDS:.0f}s (start one there with '
-        f'binaries/run_worker.py)')
+        f'binaries/run_worker.py{precision.worker_flag()})')
   channel = grpc.insecure_channel(
       address,
       [*executor_factory._GRPC_CHANNEL_OPTIONS, *RECONNECT_OPTIONS])  # pylint: disable=protected-access
@@ -292,7 +293,8 @@ class Workers:
                     f'within {PROBE_TIMEOUT_SECONDS:g} s; if it has '
                     f'stopped, TFF retries its clients of this round until '
                     f'a worker serves there again (binaries/run_worker.py '
-                    f'--port={port} on that machine), with the same '
+                    f'--port={port}{precision.worker_flag()} on that '
+                    f'machine), with the same '
                     f'results{limit}')
         elif self.lost_worker_timeout:
           silent = now - max(silent_since[address], call_start)

@@ -109,8 +109,9 @@ def conv2d(x, kernel, product=None, bfloat16: bool = False):
   windows of `x`, concatenated on the channel axis in the kernel's
   (row, column, channel) order, so the kernel reshapes to the matrix as is.
   `product(patches, matrix)` replaces the plain product where the caller
-  folds more into it (the spectral norm's division by sigma); `bfloat16`:
-  the products by `matmul`'s bfloat16 route.
+  folds more into it (the spectral norm's division by sigma), and then
+  decides the route of its products itself (`bfloat16` is not read);
+  otherwise `bfloat16`: the products by `matmul`'s bfloat16 route.
   """
   kh, kw, c_in, c_out = kernel.shape
   out_h, out_w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
@@ -284,10 +285,11 @@ def _tap_product(bfloat16: bool):
 # n below it stays float32 `MatMul`. On the Intel model 167 host (AMX,
 # 2026-12-06, one thread; results/benchmarks/
 # bfloat16_products_intel_avx512_model167_20261206.txt) the route lost at
-# D's last conv (n = 1: 8.9 -> 27.8 us) and, with the batch of 8 as m or
-# k, at G's first transposed conv's gradients (42.7 -> 70.9 and
-# 120.8 -> 155.2 us); the batch is known only when the graph runs, so
-# those two take the route (see `matmul`).
+# D's last conv (n = 1: 8.9 -> 27.8 us), at G's last transposed conv's
+# input gradient (128 x 64 x 128: 21.4 -> 23.1 us, taken anyway) and,
+# with the batch of 8 as m or k, at G's first transposed conv's gradients
+# (42.7 -> 70.9 and 120.8 -> 155.2 us); the batch is known only when the
+# graph runs, so those two take the route (see `matmul`).
 BFLOAT16_MIN_DIM = 16
 
 
@@ -305,8 +307,9 @@ def matmul(a, b, bfloat16: bool = False, transpose_a: bool = False,
   bfloat16 (8 bits of mantissa) and accumulate in float32, on AMX or
   AVX512-BF16 units. Set by the binaries for
   `FedCGConfig.matmul_precision='bfloat16'` (`execution.precision`).
-  Without that setting the route computes the float32 product, slower than
-  `MatMul` (about 1.1-1.4x here), so it is taken only when asked for.
+  Without that setting the route computes the float32 product, mostly
+  slower than `MatMul` (0.8-2.8x its time at the GAN's 28 shapes here,
+  1.1x or more at 17), so it is taken only when asked for.
   """
   m, k = (a.shape[1], a.shape[0]) if transpose_a else a.shape
   n = b.shape[0] if transpose_b else b.shape[1]

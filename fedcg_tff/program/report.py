@@ -89,11 +89,19 @@ PAPER_PROTOCOL_EITHER = {'num_clients': (None, 4),
 NOT_PAPER_PROTOCOL = ('dp_sigma', 'aggregation', 'clients_per_round')
 
 
+# run.json's config fields written only when not their default, which is
+# the paper's arithmetic: float32 products (`run_fedcg.run_definition`).
+PAPER_PROTOCOL_DEFAULTS = {'matmul_precision': 'float32'}
+
+
 def _at_paper_protocol(definition: dict) -> bool:
   for part, wanted in PAPER_PROTOCOL.items():
     held = definition.get(part, {})
     if any(held.get(k) != v for k, v in wanted.items()):
       return False
+  config = definition.get('config', {})
+  if any(config.get(k, v) != v for k, v in PAPER_PROTOCOL_DEFAULTS.items()):
+    return False
   run = definition.get('run', {})
   return (all(run.get(k) in allowed
               for k, allowed in PAPER_PROTOCOL_EITHER.items()) and
