@@ -1,4 +1,5 @@
-"""`plain`: marks a function that AutoGraph need not convert.
+"""Trace-time helpers: `plain`, which marks a function that AutoGraph need
+not convert, and `TraceSwitch`, a per-thread switch read while tracing.
 
 Our training loops (`for x in iter(dataset)`, `for i in tf.range(n)`) are
 AutoGraph loops, and AutoGraph converts every function they call, and every

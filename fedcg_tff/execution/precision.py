@@ -8,10 +8,10 @@ TFF's worker processes, which inherit the environment of the process that
 starts them: `configure` sets it before any worker starts (the binaries
 call it for `--matmul_precision`; `binaries/run_worker` for a remote
 worker's). It also refuses what would make the run other than its record
-says: bfloat16 asked for on a host without bfloat16 arithmetic (oneDNN
-would quietly compute in float32, slower than the default), or a float32
-run in an environment that already lets oneDNN round (the variable set by
-hand, or oneDNN's own ONEDNN_DEFAULT_FPMATH_MODE).
+says: bfloat16 asked for on a host without bfloat16 units (what oneDNN
+would compute there was not measured; it could not be faster), or a
+float32 run in an environment that already lets oneDNN round (the
+variable set by hand, or oneDNN's own ONEDNN_DEFAULT_FPMATH_MODE).
 """
 
 import os
