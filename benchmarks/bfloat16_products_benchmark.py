@@ -10,9 +10,13 @@ precision runs in child processes of its own (float32 without the
 variable, bfloat16 with TF_SET_ONEDNN_FPMATH_MODE=BF16, as
 `execution.precision` sets it), alternated (this VM's speed drifts);
 times are CPU seconds of epochs and microseconds a product (best of 3 x
-200 calls). On a host without bfloat16 units the route's products are
-float32 products (the opt-in is refused there); the benchmark says so and
-times them anyway. Random images stand in for FMNIST.
+200 calls, each call with an add of a's and of the output's size that
+keeps it dependent on the one before). The products are traced as a
+training step has them, the batch unknown: products with a known
+dimension under 16 (D's last conv) stay `MatMul` on both sides. On a
+host without bfloat16 units the opt-in is refused; the benchmark says so
+and times the route anyway (what oneDNN does there was not checked).
+Random images stand in for FMNIST.
 """
 
 import json
@@ -51,7 +55,8 @@ EPOCHS = 3  # Epochs timed in each child (the first traced before).
 
 
 def _child(precision: str) -> dict:
-  """Times, in this process (its oneDNN mode set by the parent)."""
+  """Times, in this process (its oneDNN mode set by the parent, checked
+  here)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from benchmarks import synthetic  # pylint: disable=g-import-not-at-top
   from fedcg_tff.algorithms import fedcg_tf  # pylint: disable=g-import-not-at-top
@@ -59,14 +64,24 @@ def _child(precision: str) -> dict:
   from fedcg_tff.models import small_conv  # pylint: disable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(1)
   tf.config.threading.set_inter_op_parallelism_threads(1)
+  from fedcg_tff.execution import precision as settings  # pylint: disable=g-import-not-at-top
+  reason = settings.problem(precision)
+  if reason and precision == 'float32':
+    raise RuntimeError(f'float32 child: {reason}')
+  if precision == 'bfloat16' and os.environ.get(settings.TF_FPMATH) != 'BF16':
+    raise RuntimeError(f'bfloat16 child without {settings.TF_FPMATH}=BF16')
   bfloat16 = precision == 'bfloat16'
   products = {}
   for name, m, k, n, ta, tb in SHAPES:
     a = tf.random.normal([k, m] if ta else [m, k])
     b = tf.random.normal([n, k] if tb else [k, n])
 
-    @tf.function
-    def loop(a=a, b=b, ta=ta, tb=tb, m=m, n=n):
+    # a's first axis grows with the batch (m of a forward or input-gradient
+    # product, k of a kernel gradient's), which a training step's graph
+    # does not know when it is built: traced so here too, the route is
+    # taken where training takes it (G1's products with the batch of 8).
+    @tf.function(input_signature=[tf.TensorSpec([None, a.shape[1]])])
+    def loop(a, b=b, ta=ta, tb=tb, m=m, n=n):
       total = tf.zeros([m, n])
       for _ in tf.range(200):
         # The sum keeps each call dependent on the one before.
@@ -75,11 +90,11 @@ def _child(precision: str) -> dict:
                                    transpose_b=bool(tb))
       return total
 
-    loop()
+    loop(a)
     best = float('inf')
     for _ in range(3):
       start = time.perf_counter()
-      loop()
+      loop(a)
       best = min(best, time.perf_counter() - start)
     products[name] = best / 200 * 1e6
   config = FedCGConfig(local_epochs=1, gan_epochs=1,
@@ -126,7 +141,7 @@ def main():
     for precision in runs:
       runs[precision].append(_run_child(precision))
   units = ('' if settings.has_bfloat16_arithmetic() else
-           ' (NO bfloat16 units here: the route computes float32 products)')
+           ' (NO bfloat16 units here: --matmul_precision=bfloat16 is refused)')
   print(f'{devices.host_cpu()}{units}; one thread; {PAIRS} alternated pairs '
         'of processes')
   print('products, us a call (best over the processes): float32 MatMul / '
@@ -146,7 +161,8 @@ def main():
 
 
 if __name__ == '__main__':
-  if len(sys.argv) == 2 and sys.argv[1].startswith('--child='):
+  if len(sys.argv) == 2 and sys.argv[1] in ('--child=float32',
+                                            '--child=bfloat16'):
     print(json.dumps(_child(sys.argv[1].split('=', 1)[1])))
   elif len(sys.argv) > 1:
     sys.exit(f'usage: python -m benchmarks.bfloat16_products_benchmark '

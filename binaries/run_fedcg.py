@@ -527,7 +527,8 @@ def check_flags() -> FedCGConfig:
   if FLAGS.device == 'gpu' and FLAGS.matmul_precision != 'float32':
     raise app.UsageError(
         f'--matmul_precision={FLAGS.matmul_precision} sets oneDNN (CPU) '
-        'kernels; with --device=gpu it would change nothing the run records')
+        'kernels only: with --device=gpu the run would record it and '
+        'compute in float32')
   common.check_precision_flag()
   return config
 

@@ -314,6 +314,9 @@ def main(argv):
   if fedavg_run is not None:
     _check_same_data(fedcg_run, fedavg_run)
     _check_rounds(FLAGS.fedavg_run_dir, 'fedavg_run_dir', rounds)
+  # Before TensorFlow's first op (here and in the worker): this process's
+  # own training and inversions take the runs' setting too.
+  _configure_precision({'run_dir': fedcg_run, 'fedavg_run_dir': fedavg_run})
   common.writable_dir()
   common.fresh_report_dir('inversion.json', {
       f'--{name}={path}': path for name, path in (
@@ -330,7 +333,6 @@ def main(argv):
   from tasks import fmnist_shift  # pylint: disable=g-import-not-at-top
   from tasks import image_task  # pylint: disable=g-import-not-at-top
 
-  _configure_precision({'run_dir': fedcg_run, 'fedavg_run_dir': fedavg_run})
   runtime.set_local_cpp_context()
   started = time.monotonic()
   replay = _Replay(FLAGS.run_dir, fedcg_run, FLAGS.aux_size)

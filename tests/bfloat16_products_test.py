@@ -265,9 +265,10 @@ def test_settings_that_would_not_run_as_recorded_are_named(asked, environ,
 
 
 def test_configure_sets_the_workers_variable_only_for_bfloat16(monkeypatch):
-  """Only os.environ is touched (TF in this process is not told: its
-  oneDNN reads the variable once, and the workers inherit it). Both
-  variables start empty (as unset) and are removed after the test."""
+  """Only os.environ is touched (the workers started later inherit it;
+  TF in this process reads it at its first oneDNN op, and none runs while
+  it is set here). Both variables start empty (as unset) and are removed
+  after the test."""
   for name in (precision.TF_FPMATH, precision.ONEDNN_FPMATH):
     monkeypatch.setenv(name, '')
   monkeypatch.setattr(precision, 'has_bfloat16_arithmetic',

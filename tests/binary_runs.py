@@ -68,6 +68,7 @@ class BinaryRun:
   def __init__(self, module: str, args, cwd: str = ROOT, env=None):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT,
                **(env or {}))
+    self.worker_fpmath = {}  # Filled by `wait`.
     self._out = tempfile.TemporaryFile('w+')
     self._err = tempfile.TemporaryFile('w+')
     self.proc = subprocess.Popen(

@@ -22,12 +22,18 @@ _FPMATH_VARIABLES = ('TF_SET_ONEDNN_FPMATH_MODE', 'ONEDNN_DEFAULT_FPMATH_MODE')
 
 @pytest.fixture(autouse=True)
 def _fpmath_left_as_found():
-  """Fails a test that leaves oneDNN's fpmath variables changed: every
-  worker this process starts later would inherit them and round its
-  products to bfloat16 (a float32 run would then refuse to start)."""
+  """Puts oneDNN's fpmath variables back as they were and reports (an error
+  at the test's teardown) a test that left them changed: every worker
+  this process started later would inherit them and round its products
+  to bfloat16 (and a float32 run would refuse to start)."""
   before = {name: os.environ.get(name) for name in _FPMATH_VARIABLES}
   yield
   after = {name: os.environ.get(name) for name in _FPMATH_VARIABLES}
+  for name, value in before.items():
+    if value is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = value
   assert after == before, f'the test changed {before} to {after}'
 
 

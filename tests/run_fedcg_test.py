@@ -936,13 +936,9 @@ def test_a_file_the_run_may_not_use_stops_it_naming_the_file(
                         '--output_dir; no client state was changed.')
 
 
-if __name__ == '__main__':
-  raise SystemExit(pytest.main([__file__]))
-
-
 def test_resume_with_the_other_precision_is_refused(tmp_path):
-  """A directory that holds a bfloat16 run is not resumed as float32 (nor
-  the reverse): refused before anything is read, naming the field."""
+  """A directory that holds a bfloat16 run is not resumed as float32:
+  refused before anything is read, naming the field."""
   out = tmp_path / 'out'
   out.mkdir()
   with flagsaver.flagsaver():
@@ -954,3 +950,7 @@ def test_resume_with_the_other_precision_is_refused(tmp_path):
   error = _main([f'--output_dir={out}', f'--data_dir={tmp_path / "absent"}'])
   assert error is not None and 'matmul_precision' in error, error
   assert json.loads((out / 'run.json').read_text()) == stored
+
+
+if __name__ == '__main__':
+  raise SystemExit(pytest.main([__file__]))
