@@ -273,7 +273,12 @@ def accuracy_of(name: str, threat: str, sigma: float, path: str) -> dict:
             'model': (config.get('model'), 'lenet'),
             'num_clients': (run.get('num_clients'), FLAGS.num_clients),
             'train_per_client': (run.get('train_per_client'),
-                                 FLAGS.train_per_client)}
+                                 FLAGS.train_per_client),
+            # A --matmul_precision=bfloat16 run (recorded only when set)
+            # is not the float32 run a row reports.
+            'matmul_precision': (config.get('matmul_precision', 'float32')
+                                 if 'config' in definition else None,
+                                 'float32')}
   # (A run of another task is refused for its task; its sources are not ours.)
   if 'run' in definition and result.get('task', FLAGS.task) == FLAGS.task:
     wanted['data_source'] = (

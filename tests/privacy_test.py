@@ -561,6 +561,11 @@ def test_binary_names_the_bad_flag(tmp_path):
       'mean_test_accuracy_at_best_val': 0.5}))
   (tfds_run.parent / 'run.json').write_text(json.dumps(
       {'config': {'seed': 1}, 'run': {'data_source': 'tfds'}}))
+  bf16_run = tmp_path / 'bf16' / 'results.json'
+  bf16_run.parent.mkdir()
+  bf16_run.write_text(tfds_run.read_text())
+  (bf16_run.parent / 'run.json').write_text(json.dumps(
+      {'config': {'seed': 1, 'matmul_precision': 'bfloat16'}, 'run': {}}))
   # A run of three clients, attacked on a task of two: only the loaded
   # task knows its clients (the default number is the task's).
   three_clients = tmp_path / 'three' / 'results.json'
@@ -640,6 +645,9 @@ def test_binary_names_the_bad_flag(tmp_path):
       # An unset --data_source is FMNIST's default, the IDX files.
       (['--algorithms=fedavg', f'--results=fedavg={tfds_run}'],
        "trained with data_source 'tfds', row fedavg needs 'idx'"),
+      (['--algorithms=fedavg', f'--results=fedavg={bf16_run}'],
+       "trained with matmul_precision 'bfloat16', row fedavg needs "
+       "'float32'"),
       (['--algorithms=fedavg', f'--results=fedavg={three_clients}',
         f'--data_dir={data_dir}', '--num_clients=2', '--train_per_client=20'],
        'was trained on clients c0, c1, c2; row fedavg attacks'),
