@@ -5,7 +5,8 @@ On each worker machine (same pinned stack: ./setup.sh):
   .venv/bin/python -m binaries.run_worker --port=8000
 
 (add --matmul_precision=bfloat16 for the workers of a bfloat16 run: the
-setting is the worker process's, and nothing checks it from the driver)
+setting is the worker process's; a driver of the other precision refuses
+the worker when it connects)
 
 then on the machine that drives the run:
 

@@ -17,6 +17,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 import tree
 
+from fedcg_tff.execution import precision
 from fedcg_tff.execution import round_runner
 from fedcg_tff.execution import runtime
 from fedcg_tff.execution import workers
@@ -193,6 +194,35 @@ def test_remote_worker_by_address(fedavg_process):
   while _running(served_by) and time.time() < deadline:
     time.sleep(0.2)
   assert not _running(served_by)
+
+
+def test_a_local_worker_computes_in_float32_here():
+  """This process's default context: its worker inherits no fpmath setting
+  (conftest keeps it so), so the probe finds float32 products there."""
+  from tensorflow_federated.python.core.impl.context_stack import context_stack_impl  # pylint: disable=g-import-not-at-top
+  assert not workers.rounds_products(
+      context_stack_impl.context_stack.current)
+
+
+@pytest.mark.skipif(not precision.has_bfloat16_arithmetic(),
+                    reason='this host has no bfloat16 arithmetic')
+def test_remote_worker_of_the_other_precision_is_refused():
+  """A worker started with --matmul_precision=bfloat16, reached from this
+  float32 process: refused, naming the address and what to restart."""
+  port = _free_port()
+  server = subprocess.Popen(
+      [sys.executable, '-m', 'binaries.run_worker', f'--port={port}',
+       '--matmul_precision=bfloat16'],
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    with pytest.raises(ConnectionError, match=(
+        f'the TFF worker at localhost:{port} rounds products to bfloat16 '
+        r'\(started with --matmul_precision=bfloat16\), this run is '
+        f'float32: restart it with binaries/run_worker.py --port={port}$')):
+      workers.Workers.remote([f'localhost:{port}'])
+  finally:
+    server.terminate()
+    assert server.wait(timeout=20) is not None
 
 
 def test_unreachable_address_is_named(monkeypatch):

@@ -76,8 +76,8 @@ def worker_flag() -> str:
   """' --matmul_precision=bfloat16' if this process is set up for it, else
   '': what a user restarting a remote worker of this run must pass to
   `binaries/run_worker` (a worker started without it would compute the
-  run's bfloat16 products in float32; nothing checks a remote worker's
-  setting)."""
+  run's bfloat16 products in float32; `workers.check_precision` refuses
+  such a worker when the driver connects)."""
   if os.environ.get(TF_FPMATH, '').strip().upper() == 'BF16':
     return ' --matmul_precision=bfloat16'
   return ''

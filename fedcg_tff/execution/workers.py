@@ -125,6 +125,67 @@ def remote_context(address: str):
       secure_as_plain=False)
 
 
+# A product whose bfloat16 route rounds to about 2e-3 relative where the
+# worker lets oneDNN round (TF_SET_ONEDNN_FPMATH_MODE=BF16) and to about
+# 1e-6 where it does not (tests/bfloat16_products_test.py).
+ROUNDING_THRESHOLD = 1e-4
+
+
+@functools.cache
+def _rounding_probe() -> tff.Computation:
+  """A computation returning, for each client value (one is enough), the
+  relative error of a [64, 1024] by [1024, 512] product on
+  `small_conv.matmul`'s bfloat16 route, against float64: how the worker
+  that runs it treats the route. Placed on CLIENTS: a remote worker takes
+  computations with a clients cardinality only."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from fedcg_tff.models import small_conv  # pylint: disable=g-import-not-at-top
+
+  @tff.tensorflow.computation(np.float32)
+  def probe(offset):
+    a = tf.random.stateless_normal([64, 1024], [0, 1]) + offset
+    b = tf.random.stateless_normal([1024, 512], [0, 2])
+    exact = tf.matmul(tf.cast(a, tf.float64), tf.cast(b, tf.float64))
+    routed = tf.cast(small_conv.matmul(a, b, bfloat16=True), tf.float64)
+    return (tf.reduce_max(tf.abs(routed - exact)) /
+            tf.reduce_max(tf.abs(exact)))
+
+  @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+  def on_clients(offsets):
+    return tff.federated_map(probe, offsets)
+
+  return on_clients
+
+
+def rounds_products(context) -> bool:
+  """Whether the TFF worker behind `context` rounds the bfloat16 route's
+  products: whether its process was started with the setting
+  (`execution.precision`)."""
+  with context_stack_impl.context_stack.install(context):
+    (error,) = _rounding_probe()([0.0])
+  return float(error) > ROUNDING_THRESHOLD
+
+
+def check_precision(context, address: str) -> None:
+  """Raises ConnectionError if the remote worker at `address` does not
+  compute in this process's precision (a worker is set up by its own
+  `binaries/run_worker --matmul_precision`, and a run's record would
+  otherwise not say what computed it)."""
+  wanted = bool(precision.worker_flag())
+  if rounds_products(context) == wanted:
+    return
+  port = address.rpartition(':')[2]
+  if wanted:
+    raise ConnectionError(
+        f'the TFF worker at {address} computes in float32, this run in '
+        f'bfloat16: restart it with binaries/run_worker.py --port={port} '
+        '--matmul_precision=bfloat16')
+  raise ConnectionError(
+      f'the TFF worker at {address} rounds products to bfloat16 '
+      '(started with --matmul_precision=bfloat16), this run is float32: '
+      f'restart it with binaries/run_worker.py --port={port}')
+
+
 def shards(num_clients: int, num_workers: int) -> list[range]:
   """Contiguous, nearly equal client ranges, one per worker (empty ones
   dropped): client order is kept when the shards' outputs are joined."""
@@ -219,8 +280,13 @@ class Workers:
   @classmethod
   def remote(cls, addresses: Sequence[str], lost_worker_timeout: float = 0.0,
              log: Callable[[str], None] = print):
-    return cls([remote_context(a) for a in addresses], addresses,
-               lost_worker_timeout, log)
+    """Workers serving at `addresses`; ConnectionError naming the first
+    that does not answer or does not compute in this process's precision
+    (`check_precision`)."""
+    contexts = [remote_context(a) for a in addresses]
+    for context, address in zip(contexts, addresses):
+      check_precision(context, address)
+    return cls(contexts, addresses, lost_worker_timeout, log)
 
   def __len__(self) -> int:
     return len(self.contexts)
