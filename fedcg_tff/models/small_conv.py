@@ -285,11 +285,13 @@ def _tap_product(bfloat16: bool):
 # n below it stays float32 `MatMul`. On the Intel model 167 host (AMX,
 # 2026-12-06, one thread; results/benchmarks/
 # bfloat16_products_intel_avx512_model167_20261206.txt) the route lost at
-# D's last conv (n = 1: 8.9 -> 27.8 us), at G's last transposed conv's
-# input gradient (128 x 64 x 128: 21.4 -> 23.1 us, taken anyway) and,
-# with the batch of 8 as m or k, at G's first transposed conv's gradients
-# (42.7 -> 70.9 and 120.8 -> 155.2 us); the batch is known only when the
-# graph runs, so those two take the route (see `matmul`).
+# D's last conv (n = 1: 8.9 -> 27.8 us) and, with the batch of 8 as m or
+# k, at G's first transposed conv's gradients (42.7 -> 70.9 and
+# 120.8 -> 155.2 us; 0.81x and 0.84x in benchmarks/
+# bfloat16_products_benchmark.py); the batch is known only when the graph
+# runs, so those two take the route (see `matmul`). G's last transposed
+# conv's input gradient (128 x 64 x 128) lost once (21.4 -> 23.1 us) and
+# won in the benchmark (1.2-1.3x).
 BFLOAT16_MIN_DIM = 16
 
 
