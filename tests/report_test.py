@@ -516,5 +516,29 @@ def test_sweep_rejects_bad_flags(tmp_path):
   assert (tmp_path / 'notes').read_text() == 'kept'
 
 
+def test_committed_bfloat16_run_is_the_protocol_but_for_its_precision(
+    tmp_path):
+  """The committed bfloat16 run (results/fmnist_paper_protocol_bfloat16/,
+  the opt-in's accuracy measurement) is not counted as the paper's
+  protocol, and its run.json is float32 seed 1's but for the precision:
+  the comparison the README draws is like with like."""
+  def definition(directory):
+    with open(os.path.join(common.ROOT, 'results', directory, 'fedcg',
+                           'seed_1', 'run.json')) as f:
+      return json.load(f)
+  bfloat16 = definition('fmnist_paper_protocol_bfloat16')
+  result = report.load_result(
+      os.path.join(common.ROOT, 'results', 'fmnist_paper_protocol_bfloat16',
+                   'fedcg', 'seed_1', 'results.json'), 'fmnist', 'fedcg', 1)
+  assert result.paper_protocol is False
+  assert bfloat16['config'].pop('matmul_precision') == 'bfloat16'
+  assert bfloat16 == definition('fmnist_paper_protocol')
+  (tmp_path / 'run.json').write_text(json.dumps(bfloat16))
+  (tmp_path / 'results.json').write_text(json.dumps(
+      {'test_accuracy_at_best_val': list(result.test_at_best)}))
+  assert report.load_result(str(tmp_path / 'results.json'), 'fmnist',
+                            'fedcg', 1).paper_protocol is True
+
+
 if __name__ == '__main__':
   raise SystemExit(pytest.main([__file__]))
