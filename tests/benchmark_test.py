@@ -3,7 +3,9 @@ from the driver's timing hook add up (the README's speed tables come
 from it)."""
 
 import json
+import os
 import subprocess
+import sys
 
 import pytest
 
@@ -98,6 +100,38 @@ def test_benchmark_times_the_timed_rounds_phase_by_phase(tmp_path):
   assert result['peak_rss_bytes']['driver'] > 0
   assert 'full-protocol round' not in done.stdout  # Only with --full_protocol.
   assert 'GFLOP/s' in done.stdout and '% of peak' in done.stdout
+
+
+def test_full_protocol_warms_up_only_when_asked():
+  """--full_protocol sets the paper's epochs and steps and one timed round,
+  whatever those flags say; it times a cold round (no warm-up) unless
+  --warmup_rounds is given, and a warm one then. In a fresh interpreter:
+  the benchmark's flags are not defined in the test's process."""
+  code = (
+      'import json, sys\n'
+      'from absl import flags\n'
+      'from binaries import benchmark\n'
+      'for args in json.loads(sys.argv[1]):\n'
+      '  flags.FLAGS.unparse_flags()\n'
+      '  flags.FLAGS(["benchmark", *args])\n'
+      '  benchmark.apply_full_protocol()\n'
+      '  f = flags.FLAGS\n'
+      '  print(json.dumps([f.local_epochs, f.gan_epochs, f.server_steps, '
+      'f.rounds, f.warmup_rounds]))\n')
+  cases = [['--full_protocol'],
+           ['--full_protocol', '--warmup_rounds=1'],
+           ['--full_protocol', '--rounds=3', '--local_epochs=2',
+            '--warmup_rounds=2'],
+           ['--rounds=3']]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3',
+             PYTHONPATH=binary_runs.ROOT)
+  done = subprocess.run([sys.executable, '-c', code, json.dumps(cases)],
+                        cwd=binary_runs.ROOT, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert [json.loads(line) for line in done.stdout.splitlines()] == [
+      [20, 20, 2000, 1, 0], [20, 20, 2000, 1, 1], [20, 20, 2000, 1, 2],
+      [1, 1, 100, 3, 1]]
 
 
 def test_phases_from_stamps_by_hand():
